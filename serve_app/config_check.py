@@ -1,0 +1,129 @@
+"""Strict checks of a Serve config file, because Serve itself ignores misspelled keys.
+
+    python -m serve_app.config_check serve_config.yaml [--port 8000 --write out.yaml]
+
+Checks every key against Ray's own schemas (unknown keys are errors, quoted),
+validates with `ServeDeploySchema`, validates each application's `args:` with
+`AppSettings`, the deployments' names and `user_config`, and that
+`max_ongoing_requests` leaves room for a full batch. Exits 1 listing every problem.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+
+MODEL_DEPLOYMENTS = ("Translator", "Embedder")
+DEPLOYMENT_NAMES = ("Ingress",) + MODEL_DEPLOYMENTS
+BUILDER = "serve_app.builder:build_app"
+
+
+class ConfigError(ValueError):
+    def __init__(self, problems: list[str]):
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+def _unknown(section: dict, allowed: Iterable[str], where: str) -> list[str]:
+    allowed = set(allowed)
+    return [f"{where}: unknown key {key!r} (allowed: {', '.join(sorted(allowed))})"
+            for key in section if key not in allowed]
+
+
+def check_config(config: dict[str, Any]) -> list[str]:
+    """Every problem found in a Serve config (empty when it is valid)."""
+    from ray.serve.config import AutoscalingConfig
+    from ray.serve.schema import (
+        DeploymentSchema, HTTPOptionsSchema, LoggingConfig, RayActorOptionsSchema, ServeApplicationSchema,
+        ServeDeploySchema,
+    )
+
+    from deployments._config import parse_batch_config
+
+    from .settings import load_settings
+
+    if not isinstance(config, dict):
+        return ["the config must be a mapping"]
+    problems = _unknown(config, ServeDeploySchema.model_fields, "top level")
+    for key, schema in (("http_options", HTTPOptionsSchema), ("logging_config", LoggingConfig)):
+        if isinstance(config.get(key), dict):
+            problems += _unknown(config[key], schema.model_fields, key)
+    try:
+        ServeDeploySchema.model_validate(config)
+    except Exception as exc:  # pydantic's message already quotes the bad value
+        problems.append(f"Serve rejects the config: {exc}")
+    for app in config.get("applications") or []:
+        name = app.get("name", "?")
+        where = f"applications[{name}]"
+        problems += _unknown(app, ServeApplicationSchema.model_fields, where)
+        if app.get("import_path") == BUILDER:
+            try:
+                settings = load_settings(app.get("args"))
+            except Exception as exc:
+                problems.append(f"{where}.args: {exc}")
+                settings = None
+        for dep in app.get("deployments") or []:
+            dname = dep.get("name", "?")
+            dwhere = f"{where}.deployments[{dname}]"
+            problems += _unknown(dep, DeploymentSchema.model_fields, dwhere)
+            if app.get("import_path") == BUILDER and dname not in DEPLOYMENT_NAMES:
+                problems.append(f"{dwhere}: no deployment named {dname!r} (deployments: {', '.join(DEPLOYMENT_NAMES)})")
+            if isinstance(dep.get("autoscaling_config"), dict):
+                problems += _unknown(dep["autoscaling_config"], AutoscalingConfig.model_fields,
+                                     f"{dwhere}.autoscaling_config")
+            if isinstance(dep.get("ray_actor_options"), dict):
+                problems += _unknown(dep["ray_actor_options"], RayActorOptionsSchema.model_fields,
+                                     f"{dwhere}.ray_actor_options")
+            if dname in MODEL_DEPLOYMENTS and "user_config" in dep:
+                try:
+                    batch = parse_batch_config(dep["user_config"], dname)
+                except ValueError as exc:
+                    problems.append(f"{dwhere}: {exc}")
+                    continue
+                ongoing = dep.get("max_ongoing_requests")
+                if isinstance(ongoing, int) and ongoing < batch.max_batch_size:
+                    problems.append(
+                        f"{dwhere}: max_ongoing_requests={ongoing} is below max_batch_size="
+                        f"{batch.max_batch_size}; a full batch of single-record calls could never form"
+                    )
+    return problems
+
+
+def load_config(path: str | Path) -> dict[str, Any]:
+    with open(path, encoding="utf-8") as f:
+        return yaml.safe_load(f)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("config", help="Serve config YAML")
+    parser.add_argument("--port", type=int, help="override http_options.port")
+    parser.add_argument("--host", help="override http_options.host")
+    parser.add_argument("--write", help="write the (overridden) config here")
+    ns = parser.parse_args(argv)
+    config = load_config(ns.config)
+    if ns.port or ns.host:
+        http = config.setdefault("http_options", {})
+        if ns.port:
+            http["port"] = ns.port
+        if ns.host:
+            http["host"] = ns.host
+    problems = check_config(config)
+    if problems:
+        print(f"{ns.config}: {len(problems)} problem(s):", file=sys.stderr)
+        for p in problems:
+            print(f"  - {p}", file=sys.stderr)
+        return 1
+    if ns.write:
+        Path(ns.write).parent.mkdir(parents=True, exist_ok=True)
+        Path(ns.write).write_text(yaml.safe_dump(config, sort_keys=False))
+    print(f"{ns.config}: ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+"""The one error taxonomy of serve-app, mapped to HTTP statuses in one place.
+
+Every error a client can see is a `ServeAppError` subclass; `install_error_handlers`
+turns each into `{"error": "<human sentence>", "error_type": "<snake_case>"}` with
+its status (and `Retry-After` where the client should come back later). Anything
+else that escapes a route is logged with its traceback and answered as a 500
+`internal_error` without leaking internals.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+logger = logging.getLogger("serve_app")
+
+
+class ServeAppError(Exception):
+    status_code: int = 500
+    error_type: str = "internal_error"
+
+    def __init__(self, message: str, *, retry_after_s: Optional[int] = None):
+        super().__init__(message)
+        self.message = message
+        self.retry_after_s = retry_after_s
+
+    def to_response(self) -> JSONResponse:
+        headers = {}
+        if self.retry_after_s is not None:
+            headers["Retry-After"] = str(int(self.retry_after_s))
+        return JSONResponse(
+            status_code=self.status_code,
+            content={"error": self.message, "error_type": self.error_type},
+            headers=headers,
+        )
+
+
+class InvalidRequest(ServeAppError):
+    """The body is not what the schema says (422)."""
+
+    status_code = 422
+    error_type = "invalid_request"
+
+
+class UnsupportedLanguagePair(ServeAppError):
+    status_code = 400
+    error_type = "unsupported_language_pair"
+
+
+class UnsupportedModel(ServeAppError):
+    status_code = 400
+    error_type = "unsupported_model"
+
+
+class PayloadTooLarge(ServeAppError):
+    status_code = 413
+    error_type = "payload_too_large"
+
+
+class NotFound(ServeAppError):
+    status_code = 404
+    error_type = "not_found"
+
+
+class MethodNotAllowed(ServeAppError):
+    status_code = 405
+    error_type = "method_not_allowed"
+
+
+class Overloaded(ServeAppError):
+    """Queues are full; the client should retry after Retry-After seconds (503)."""
+
+    status_code = 503
+    error_type = "overloaded"
+
+
+class ModelUnavailable(ServeAppError):
+    """No healthy replica of a model could answer (503)."""
+
+    status_code = 503
+    error_type = "model_unavailable"
+
+
+class NotReady(ServeAppError):
+    status_code = 503
+    error_type = "not_ready"
+
+
+class RequestTimeout(ServeAppError):
+    status_code = 504
+    error_type = "timeout"
+
+
+class InternalError(ServeAppError):
+    status_code = 500
+    error_type = "internal_error"
+
+
+def _describe_validation_errors(errors: list[dict[str, Any]]) -> str:
+    parts = []
+    for err in errors[:5]:
+        loc = [str(p) for p in err.get("loc", ()) if p not in ("body",)]
+        where = ".".join(loc) if loc else "body"
+        parts.append(f"{where}: {err.get('msg', 'invalid')}")
+    more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
+    return "Invalid request: " + "; ".join(parts) + more
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ServeAppError)
+    async def _serve_app_error(_: Request, exc: ServeAppError) -> JSONResponse:
+        return exc.to_response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return InvalidRequest(_describe_validation_errors(list(exc.errors()))).to_response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 404:
+            return NotFound("No such route.").to_response()
+        if exc.status_code == 405:
+            return MethodNotAllowed("Method not allowed on this route.").to_response()
+        err = ServeAppError(str(exc.detail))
+        err.status_code = exc.status_code
+        err.error_type = "http_error"
+        return err.to_response()
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        logger.exception("unhandled error: %r", exc)
+        return InternalError("Internal error; it has been logged.").to_response()

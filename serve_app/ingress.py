@@ -1,0 +1,38 @@
+"""The ingress deployment: Serve's HTTP entry, mounting the FastAPI app of `api.py`."""
+
+from __future__ import annotations
+
+import logging
+
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+
+from .api import app, set_service
+from .clients import HandleClient
+from .service import Service
+from .settings import AppSettings
+
+logger = logging.getLogger("ray.serve")
+
+#: HTTP requests one ingress replica handles at once. The ingress only validates
+#: and fans out (no model), so it holds many concurrent requests cheaply.
+INGRESS_MAX_ONGOING_REQUESTS = 512
+
+
+@serve.deployment(
+    name="Ingress",
+    max_ongoing_requests=INGRESS_MAX_ONGOING_REQUESTS,
+    # The ingress does little CPU work; a small share leaves whole CPUs to models.
+    ray_actor_options={"num_cpus": 0.1},
+)
+@serve.ingress(app)
+class Ingress:
+    def __init__(self, translator: DeploymentHandle, embedder: DeploymentHandle, settings: dict):
+        self.settings = AppSettings.model_validate(settings)
+        retry = self.settings.ingress.retry_after_s
+        set_service(Service(
+            self.settings,
+            translator=HandleClient("Translator", translator, retry_after_s=retry),
+            embedder=HandleClient("Embedder", embedder, retry_after_s=retry),
+        ))
+        logger.info("Ingress ready with limits %s", self.settings.ingress.model_dump())

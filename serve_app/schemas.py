@@ -1,0 +1,149 @@
+"""Request and response bodies of the HTTP API.
+
+`/translation` keeps the exact contract existing clients use:
+`{"payload": {"fromLang", "toLang", "records": [{"id", "text"}]}}` ->
+`{"result": [{"id", "text"}]}`, same order and ids. `/embeddings` follows
+OpenAI's embeddings API. Unknown extra fields are ignored (clients may send
+their own metadata); missing or mistyped fields are 422.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator
+
+_LANG_PATTERN = r"^[A-Za-z]{2,3}([-_][A-Za-z0-9]{2,8})*$"
+
+
+def normalise_language(code: str) -> str:
+    """`EN`, `pt_BR`, `pt-br` -> `en`, `pt-br`: lower case, `-` separator."""
+    return code.strip().lower().replace("_", "-")
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore", str_strip_whitespace=False)
+
+
+class TranslationRecord(_Body):
+    id: StrictStr = Field(..., description="Opaque id, echoed back unchanged.", examples=["123"])
+    text: StrictStr = Field(..., description="Text to translate; must not be blank.",
+                            examples=["Life is like a box of chocolates."])
+
+    @field_validator("text")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("text must not be empty or only whitespace")
+        return value
+
+
+class TranslationPayload(_Body):
+    fromLang: StrictStr = Field(..., pattern=_LANG_PATTERN, description="Source language (ISO 639-1, e.g. `en`).",
+                                examples=["en"])
+    toLang: StrictStr = Field(..., pattern=_LANG_PATTERN, description="Target language (ISO 639-1, e.g. `pt`).",
+                              examples=["pt"])
+    records: list[TranslationRecord] = Field(..., min_length=1, description="Records to translate, in order.")
+
+
+class TranslationRequest(_Body):
+    payload: TranslationPayload
+
+    model_config = ConfigDict(
+        extra="ignore",
+        json_schema_extra={
+            "examples": [
+                {"payload": {"fromLang": "en", "toLang": "pt",
+                             "records": [{"id": "123", "text": "Life is like a box of chocolates."}]}}
+            ]
+        },
+    )
+
+
+class TranslatedRecord(BaseModel):
+    id: str
+    text: str
+
+
+class TranslationResponse(BaseModel):
+    result: list[TranslatedRecord]
+
+
+class EmbeddingsRequest(_Body):
+    input: Union[StrictStr, list[StrictStr]] = Field(
+        ..., description="A text or a list of texts (token arrays are not supported).",
+        examples=["The food was delicious."],
+    )
+    model: Optional[StrictStr] = Field(None, description="Optional; must name the served model when given.")
+    encoding_format: Literal["float", "base64"] = Field(
+        "float", description="`float` lists, or `base64` of little-endian float32 as OpenAI sends."
+    )
+    user: Optional[StrictStr] = None
+
+    @field_validator("input")
+    @classmethod
+    def _inputs_not_blank(cls, value: Union[str, list[str]]) -> Union[str, list[str]]:
+        items = [value] if isinstance(value, str) else value
+        if not items:
+            raise ValueError("input must hold at least one text")
+        for i, text in enumerate(items):
+            if not text.strip():
+                raise ValueError(f"input[{i}] must not be empty or only whitespace")
+        return value
+
+    def texts(self) -> list[str]:
+        return [self.input] if isinstance(self.input, str) else list(self.input)
+
+
+class Embedding(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: Union[list[float], str]
+
+
+class EmbeddingsUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingsResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingsUsage
+
+
+class ErrorResponse(BaseModel):
+    error: str = Field(..., description="A sentence for a person.")
+    error_type: str = Field(..., description="A stable snake_case code for programs.")
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    task: Literal["translation", "embeddings"]
+    deployment: str
+    backend: str
+    language_pairs: Optional[list[str]] = None
+    dimensions: Optional[int] = None
+    batching: dict[str, Any]
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+class ModelsResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class HealthResponse(BaseModel):
+    status: str
+    models: dict[str, str] = Field(default_factory=dict)
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorResponse, "description": "Unsupported language pair or model."},
+    413: {"model": ErrorResponse, "description": "Too many records or a text longer than the limit."},
+    422: {"model": ErrorResponse, "description": "The body does not match the schema."},
+    503: {"model": ErrorResponse, "description": "Overloaded or model unavailable; see Retry-After."},
+    504: {"model": ErrorResponse, "description": "The request did not finish within its deadline."},
+}
