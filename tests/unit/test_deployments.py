@@ -1,0 +1,158 @@
+"""The deployment classes, run as plain Python objects (`Deployment.func_or_class`):
+@serve.batch works in plain asyncio, so record-level batching, reconfigure and
+health are tested here without starting Ray."""
+
+import asyncio
+
+import pytest
+
+from deployments._replica import FAILURES_BEFORE_UNHEALTHY, threads_for_share
+from deployments.batching import Chunk
+from deployments.embedder import Embedder
+from deployments.translator import Translator
+from serve_app.settings import EmbeddingSettings, TranslationSettings
+
+TranslatorClass = Translator.func_or_class
+
+
+@pytest.fixture(autouse=True)
+def _no_replica_context(monkeypatch):
+    # Ray 2.60's batch queue reads the replica context only to warn when
+    # max_batch_size exceeds max_ongoing_requests; outside Serve there is none.
+    from ray.serve import batching
+    monkeypatch.setattr(batching._BatchQueue, "_warn_if_max_batch_size_exceeds_max_ongoing_requests",
+                        lambda self: None)
+
+EmbedderClass = Embedder.func_or_class
+
+
+class RecordingBackend:
+    name = "recording"
+    model_id = "recording"
+
+    def __init__(self):
+        self.batches = []
+        self.fail = False
+
+    def supported_pairs(self):
+        from deployments.backends.base import LanguagePair
+        return [LanguagePair("en", "pt"), LanguagePair("pt", "en")]
+
+    def translate(self, texts, source, target):
+        if self.fail:
+            raise RuntimeError("model broke")
+        self.batches.append((source, target, list(texts)))
+        return [f"{target}:{t}" for t in texts]
+
+    def describe(self):
+        return {}
+
+
+@pytest.fixture(scope="module")
+def loop():
+    # @serve.batch keeps one queue per decorated method (not per instance), bound
+    # to the event loop of its first call: share one loop across this module.
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+@pytest.fixture
+def translator(monkeypatch):
+    backend = RecordingBackend()
+    monkeypatch.setattr("deployments.translator.load_translation_backend", lambda settings, threads: backend)
+    monkeypatch.setattr(RecordingBackend, "warm_up", lambda self: None, raising=False)
+    replica = TranslatorClass(TranslationSettings().model_dump())
+    replica.reconfigure({"max_batch_size": 8, "batch_wait_timeout_s": 0.05})
+    return replica, backend
+
+
+def test_threads_follow_the_cpu_share():
+    assert threads_for_share(0.5) == 1
+    assert threads_for_share(1.0) == 1
+    assert threads_for_share(2.0) == 2
+    assert threads_for_share(0.5, override=3) == 3
+
+
+def test_concurrent_calls_share_one_model_call_per_pair(translator, loop):
+    replica, backend = translator
+
+    async def go():
+        return await asyncio.gather(
+            replica.translate(Chunk("en", "pt", ["a", "b"])),
+            replica.translate(Chunk("pt", "en", ["c"])),
+            replica.translate(Chunk("en", "pt", ["d"])),
+        )
+
+    results = loop.run_until_complete(go())
+    assert [texts for texts, _ in results] == [["pt:a", "pt:b"], ["en:c"], ["pt:d"]]
+    # all 4 records rode in one batch, split into one model call per pair
+    assert {size for _, size in results} == {4}
+    assert sorted(backend.batches) == [("en", "pt", ["a", "b", "d"]), ("pt", "en", ["c"])]
+
+
+def test_batches_never_exceed_max_batch_size_in_records(translator, loop):
+    replica, backend = translator
+
+    async def go():
+        calls = [replica.translate(Chunk("en", "pt", [f"{i}-{j}" for j in range(3)])) for i in range(10)]
+        calls.append(replica.translate(Chunk("en", "pt", [f"big-{j}" for j in range(20)])))  # > max_batch_size
+        return await asyncio.gather(*calls)
+
+    results = loop.run_until_complete(go())
+    assert results[-1][0] == [f"pt:big-{j}" for j in range(20)]
+    assert all(len(texts) <= 8 for _, _, texts in backend.batches)
+    assert sum(len(texts) for _, _, texts in backend.batches) == 50
+
+
+def test_reconfigure_changes_batch_size_without_restart(translator, loop):
+    replica, backend = translator
+    replica.reconfigure({"max_batch_size": 2, "batch_wait_timeout_s": 0.05})
+
+    async def go():
+        return await asyncio.gather(*(replica.translate(Chunk("en", "pt", [str(i)])) for i in range(6)))
+
+    loop.run_until_complete(go())
+    assert max(len(t) for _, _, t in backend.batches) == 2
+    assert replica.info()["batching"] == {"max_batch_size": 2, "batch_wait_timeout_s": 0.05}
+
+
+@pytest.mark.parametrize("bad, quoted", [
+    ({"max_batch_size": 0, "batch_wait_timeout_s": 0.01}, "max_batch_size=0"),
+    ({"max_batch_size": 4}, "batch_wait_timeout_s"),
+    ({"max_batch_size": 4, "batch_wait_timeout_s": 0.01, "max_batch": 3}, "max_batch"),
+])
+def test_bad_user_config_is_rejected_quoting_the_value(translator, bad, quoted):
+    replica, _ = translator
+    with pytest.raises(ValueError, match=quoted):
+        replica.reconfigure(bad)
+
+
+def test_check_health_fails_after_repeated_model_failures(translator, loop):
+    replica, backend = translator
+    replica.check_health()
+    backend.fail = True
+    for _ in range(FAILURES_BEFORE_UNHEALTHY):
+        with pytest.raises(RuntimeError):
+            loop.run_until_complete(replica.translate(Chunk("en", "pt", ["x"])))
+    with pytest.raises(RuntimeError, match="model broke"):
+        replica.check_health()
+    backend.fail = False
+    loop.run_until_complete(replica.translate(Chunk("en", "pt", ["x"])))
+    replica.check_health()
+
+
+def test_embedder_batches_requests_and_slices_results_back(loop):
+    replica = EmbedderClass(EmbeddingSettings(num_threads=1).model_dump())
+    replica.reconfigure({"max_batch_size": 16, "batch_wait_timeout_s": 0.05})
+    texts = [["first text"], ["second", "third one here"], ["fourth"]]
+
+    async def go():
+        return await asyncio.gather(*(replica.embed(t) for t in texts))
+
+    results = loop.run_until_complete(go())
+    assert [v.shape for v, _, _ in results] == [(1, 384), (2, 384), (1, 384)]
+    assert {b for _, _, b in results} == {4}
+    solo, _, _ = loop.run_until_complete(replica.embed(["third one here"]))
+    assert float(solo[0] @ results[1][0][1]) >= 0.9999
+    assert replica.info()["dimensions"] == 384

