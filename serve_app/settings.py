@@ -38,7 +38,7 @@ class IngressSettings(_Section):
     max_records_per_request: int = Field(
         1024, ge=1,
         description="Most records one /translation request may carry; more is 413. "
-        "Raise it for bulk clients, or send them to the jobs API.",
+        "Raise it for bulk clients: the ingress cuts any request into calls of `records_per_call`.",
     )
     max_text_chars: int = Field(
         5000, ge=1,
@@ -172,3 +172,22 @@ def load_settings(args: dict | None) -> AppSettings:
         else:
             target[parts[-1]] = value
     return AppSettings.model_validate(nested)
+
+
+def settings_table() -> str:
+    """The README's settings table, generated from the fields above."""
+    rows = ["| setting (`args:` key) | env var | default | what it does, how to tune it |",
+            "|---|---|---|---|"]
+    for section, cls in (("ingress", IngressSettings), ("translation", TranslationSettings),
+                         ("embeddings", EmbeddingSettings)):
+        prefix = cls.model_config.get("env_prefix", "")
+        for name, field in cls.model_fields.items():
+            default = field.default
+            shown = "(none)" if default is None else f"`{default}`"
+            description = (field.description or "").replace("|", "\\|")
+            rows.append(f"| `{section}.{name}` | `{prefix}{name.upper()}` | {shown} | {description} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":  # python -m serve_app.settings  -> the README table
+    print(settings_table())
