@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 
 from . import __version__
 from .errors import NotReady, install_error_handlers
-from .middleware import BodySizeLimit
+from .middleware import AdmissionControl, BodySizeLimit
 from .schemas import (
     ERROR_RESPONSES, EmbeddingsRequest, EmbeddingsResponse, HealthResponse, ModelCard, ModelsResponse,
     TranslationRequest, TranslationResponse,
@@ -52,10 +52,13 @@ def create_app() -> FastAPI:
     )
     install_error_handlers(app)
 
-    def body_limit() -> int:
-        return _service.limits.max_body_bytes if _service else IngressSettings().max_body_bytes
+    def limits() -> IngressSettings:
+        return _service.limits if _service else IngressSettings()
 
-    app.add_middleware(BodySizeLimit, get_limit=body_limit)
+    # Starlette runs the last added middleware first: shed before reading bodies.
+    app.add_middleware(BodySizeLimit, get_limit=lambda: limits().max_body_bytes)
+    app.add_middleware(AdmissionControl, limit=lambda: limits().max_inflight_requests,
+                       retry_after_s=lambda: limits().retry_after_s)
 
     @app.post("/translation", response_model=TranslationResponse, responses=ERROR_RESPONSES)
     async def translation(body: TranslationRequest, response: Response, service: Service = Depends(get_service)):

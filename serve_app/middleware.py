@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .errors import PayloadTooLarge
+from .errors import Overloaded, PayloadTooLarge
 
 
 class BodySizeLimit:
@@ -56,3 +56,40 @@ class BodySizeLimit:
     async def _reject(self, scope, receive, send, limit):
         response = PayloadTooLarge(f"Request body is larger than the limit of {limit} bytes.").to_response()
         await response(scope, receive, send)
+
+
+class AdmissionControl:
+    """Sheds load at the door: beyond `limit()` requests in flight on this ingress
+    replica, a model route answers 503 + Retry-After at once (JSON body) instead of
+    queueing toward a timeout. Admitted requests always run to completion.
+
+    Ray's proxy would otherwise queue excess requests without bound, or (with
+    `max_queued_requests` on the ingress) answer a plain-text 503 with no
+    Retry-After; shedding here gives clients the project's error body.
+    """
+
+    def __init__(self, app, limit: Callable[[], int], retry_after_s: Callable[[], int],
+                 paths: tuple[str, ...] = ("/translation", "/embeddings", "/v1/embeddings")):
+        self.app = app
+        self.limit = limit
+        self.retry_after_s = retry_after_s
+        self.paths = paths
+        self.in_flight = 0
+        self.shed = 0
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope.get("path") not in self.paths:
+            return await self.app(scope, receive, send)
+        if self.in_flight >= self.limit():
+            self.shed += 1
+            retry = self.retry_after_s()
+            response = Overloaded(
+                f"The service is at capacity ({self.in_flight} requests in flight); retry after {retry} s.",
+                retry_after_s=retry,
+            ).to_response()
+            return await response(scope, receive, send)
+        self.in_flight += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.in_flight -= 1

@@ -68,6 +68,12 @@ class IngressSettings(_Section):
         description="Calls of one request in flight at once. Bounds how much of the model queue a "
         "single large request can hold, so it neither blocks small requests nor starves itself.",
     )
+    max_inflight_requests: int = Field(
+        128, ge=1,
+        description="Model requests one ingress replica admits at once; more are answered 503 + Retry-After "
+        "immediately. Size it as (requests/s the models sustain) x (queueing delay you accept): "
+        "at ~40 req/s, 128 bounds queueing to ~3 s.",
+    )
     readiness_timeout_s: float = Field(
         2.0, gt=0,
         description="How long /readyz waits for each model deployment to answer before reporting 503.",

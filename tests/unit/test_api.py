@@ -231,3 +231,27 @@ def test_unknown_route_and_method_are_json(client):
     install()
     assert_error(client.get("/nope"), 404, "not_found")
     assert_error(client.get("/translation"), 405, "method_not_allowed")
+
+
+def test_admission_control_sheds_with_503_json_and_admitted_requests_finish(client):
+    import threading
+
+    translator, _ = install(FakeTranslator(delay_s=2), ingress={"max_inflight_requests": 2, "retry_after_s": 4})
+    results = []
+
+    def send():
+        results.append(client.post("/translation", json=body([{"id": "1", "text": "hi"}])))
+
+    threads = [threading.Thread(target=send) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    statuses = sorted(r.status_code for r in results)
+    assert statuses == [200, 200, 503, 503, 503, 503], statuses
+    for r in results:
+        if r.status_code == 503:
+            assert_error(r, 503, "overloaded")
+            assert r.headers["Retry-After"] == "4"
+    # health routes are never shed
+    assert client.get("/healthz").status_code == 200
