@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 export RAY_USAGE_STATS_ENABLED ?= 0
 
-.PHONY: run test install install-test unit integration check-config render-configs check-rendered deploy-test clean
+.PHONY: load status run test install install-test unit integration check-config render-configs check-rendered deploy-test clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,30 @@ check-rendered: install
 ## Deployment checks (profiles, KubeRay CRDs, kustomize overlays, Dockerfile pins); no Ray.
 deploy-test: install-test
 	$(BIN)/python -m pytest tests/deploy
+
+## Load test a running service with Locust (headless): CSV, HTML and a PNG summary in reports/.
+##   make load SHAPE=none|stress_matrix|step_ramp|burst HOST=http://127.0.0.1:9527 [SCENARIO=mixed|translation|embeddings]
+##   extra Locust flags: LOCUST_ARGS="--slo-p95-ms 2000 --ramp-max-users 40"
+SHAPE ?= none
+HOST ?= http://127.0.0.1:$(PORT)
+SCENARIO ?= $(if $(filter stress_matrix,$(SHAPE)),stress_matrix,mixed)
+LOAD_USERS ?= 4
+LOAD_TIME ?= 60s
+LOAD_NAME ?= $(if $(filter stress_matrix,$(SCENARIO)),stress_matrix,$(SCENARIO)-$(SHAPE))
+LOCUST_ARGS ?=
+
+load: install-test
+	@mkdir -p reports
+	$(BIN)/locust -f locustfiles/$(SCENARIO).py --headless --host $(HOST) --shape $(SHAPE) \
+		$(if $(filter none,$(SHAPE)),-u $(LOAD_USERS) -r $(LOAD_USERS) -t $(LOAD_TIME)) \
+		$(if $(filter stress_matrix,$(SHAPE)),--slo-off) \
+		--csv reports/$(LOAD_NAME) --csv-full-history --html reports/$(LOAD_NAME).html \
+		--only-summary $(LOCUST_ARGS); \
+	rc=$$?; $(BIN)/python locustfiles/report.py reports/$(LOAD_NAME); exit $$rc
+
+## Serve's view of the running app (replica states); the local cluster uses Ray token auth.
+status:
+	RAY_AUTH_MODE=token $(BIN)/serve status
 
 clean:
 	rm -rf .build reports .pytest_cache

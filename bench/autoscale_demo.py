@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import csv
 import json
+import os
 import re
 import time
 from collections import defaultdict
@@ -168,10 +169,14 @@ def main() -> None:
     p.add_argument("--url", default="http://127.0.0.1:9527")
     p.add_argument("--out", default="docs/img/autoscaling")
     p.add_argument("--workload", default="translation", choices=["translation", "embeddings"])
+    p.add_argument("--ray-address", default=os.environ.get("RAY_ADDRESS", "auto"),
+                   help="GCS address of the service's Ray cluster (default: the latest one on this machine)")
     a = p.parse_args()
+    # A local cluster started by `serve run` uses Ray 2.60's token auth (~/.ray/auth_token).
+    os.environ.setdefault("RAY_AUTH_MODE", "token")
     import ray
 
-    ray.init(address="auto", logging_level="ERROR", log_to_driver=False)
+    ray.init(address=a.ray_address, logging_level="ERROR", log_to_driver=False)
     node = ray.nodes()[0]
     metrics_url = f"http://{node['NodeManagerAddress']}:{node['MetricsExportPort']}/metrics"
     samples: list[dict] = []

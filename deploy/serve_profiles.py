@@ -64,6 +64,23 @@ BASE_ARGS: dict[str, Any] = {
     "ingress": {
         "max_records_per_request": Why(1024, "Larger bulk jobs belong in several requests."),
         "max_text_chars": Why(5000, "Models truncate far shorter inputs anyway."),
+        "max_inflight_requests": Why(
+            64, "Requests one ingress admits; the rest get 503 + Retry-After at once. At the ~30-40 "
+            "req/s a 2-core box sustains, 64 admitted bounds queueing to ~2 s."),
+    },
+}
+
+#: The Ingress's own Serve limits, shared by every profile. The ingress sheds with the
+#: project's JSON 503 at ingress.max_inflight_requests; Serve must deliver requests to it
+#: rather than queue them unboundedly in the proxy, where no one sheds.
+INGRESS_LIMITS: dict[str, Any] = {
+    "max_ongoing_requests": Why(
+        96, "ingress.max_inflight_requests (64) + room for /healthz, /readyz and fast rejections."),
+    "max_queued_requests": Why(
+        32, "Bounded proxy queue in front of a saturated ingress; past it Serve itself sheds."),
+    "backpressure_config": {
+        "status_code": Why(503, "Serve's own last-resort shedding (plain-text body), same status as ours."),
+        "retry_after_s": Why(2, "= ingress.retry_after_s."),
     },
 }
 
@@ -83,6 +100,7 @@ CPU_PROFILE: dict[str, Any] = {
     "deployments": {
         "Ingress": {
             "num_replicas": Why(1, "It only validates and fans out; a second one would take CPU from the models."),
+            **INGRESS_LIMITS,
             "ray_actor_options": {
                 "num_cpus": Why(0.1, "Mostly waiting on model calls; leaves the CPUs to the models."),
             },
@@ -157,6 +175,7 @@ GPU_PROFILE: dict[str, Any] = {
     "deployments": {
         "Ingress": {
             "num_replicas": Why(2, "Two, so one can restart or move without an outage."),
+            **INGRESS_LIMITS,
             "ray_actor_options": {
                 "num_cpus": Why(0.5, "JSON parsing and fan-out for many concurrent requests."),
             },

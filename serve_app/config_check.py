@@ -60,6 +60,7 @@ def check_config(config: dict[str, Any]) -> list[str]:
         name = app.get("name", "?")
         where = f"applications[{name}]"
         problems += _unknown(app, ServeApplicationSchema.model_fields, where)
+        settings = None
         if app.get("import_path") == BUILDER:
             try:
                 settings = load_settings(app.get("args"))
@@ -78,6 +79,13 @@ def check_config(config: dict[str, Any]) -> list[str]:
             if isinstance(dep.get("ray_actor_options"), dict):
                 problems += _unknown(dep["ray_actor_options"], RayActorOptionsSchema.model_fields,
                                      f"{dwhere}.ray_actor_options")
+            if (dname == "Ingress" and settings is not None and isinstance(dep.get("max_ongoing_requests"), int)
+                    and dep["max_ongoing_requests"] <= settings.ingress.max_inflight_requests):
+                problems.append(
+                    f"{dwhere}: max_ongoing_requests={dep['max_ongoing_requests']} must exceed "
+                    f"args.ingress.max_inflight_requests={settings.ingress.max_inflight_requests}, or requests "
+                    "queue inside Serve where the ingress cannot shed them"
+                )
             if dname in MODEL_DEPLOYMENTS and "user_config" in dep:
                 try:
                     batch = parse_batch_config(dep["user_config"], dname)

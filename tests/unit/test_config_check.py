@@ -31,6 +31,8 @@ def _deployment(config, name):
     (lambda c: _deployment(c, "Translator").__setitem__("max_ongoing_requests", 4), "below max_batch_size"),
     (lambda c: c["applications"][0]["args"]["translation"].__setitem__("backend", "nope"), "args"),
     (lambda c: c["http_options"].__setitem__("prot", 1), "prot"),
+    (lambda c: _deployment(c, "Ingress").__setitem__("max_ongoing_requests", 64), "must exceed"),
+    (lambda c: _deployment(c, "Ingress")["backpressure_config"].__setitem__("retry_after", 1), "retry_after"),
 ])
 def test_typos_and_bad_values_are_reported(config, mutate, expected):
     bad = copy.deepcopy(config)
