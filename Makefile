@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 export RAY_USAGE_STATS_ENABLED ?= 0
 
-.PHONY: load status run test install install-test unit integration check-config render-configs check-rendered deploy-test clean
+.PHONY: chaos load status run test install install-test unit integration check-config render-configs check-rendered deploy-test clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,10 @@ integration: install-test
 
 check-config: install
 	$(BIN)/python -m serve_app.config_check serve_config.yaml
+
+## Chaos tests: kill replicas, deadlines, disconnects, updates, model load failure (~5 min, own Serve runs).
+chaos: install-test
+	$(BIN)/python -m pytest tests/chaos
 
 ## Re-render serve_config*.yaml and kuberay/*'s serveConfigV2 from deploy/serve_profiles.py.
 render-configs: install

@@ -37,27 +37,45 @@ def threads_for_share(share: float, override: Optional[int] = None) -> int:
 
 
 class _Metrics:
-    """Prometheus metrics through ray.serve.metrics; silently absent outside Serve."""
+    """Prometheus metrics through ray.serve.metrics; silently absent outside Serve.
+
+    Serve adds the `deployment`, `replica` and `application` tags itself (and refuses
+    them as user tag keys), so these metrics declare no tags of their own.
+    """
 
     def __init__(self, deployment: str):
-        self._tags = {"deployment": deployment}
+        self.batch_records = self.model_seconds = self.records = self.failures = None
+        self.queue_wait = self.enqueued = self.cancelled = None
         try:
+            from ray.serve import context
+
+            if context._get_internal_replica_context() is None:
+                return  # not inside a Serve replica (unit tests drive the class directly)
             from ray.serve.metrics import Counter, Histogram
 
             self.batch_records = Histogram(
                 "serve_app_batch_records", description="Records in one model call.",
-                boundaries=[1, 2, 4, 8, 16, 32, 64, 128, 256], tag_keys=("deployment",))
+                boundaries=[1, 2, 4, 8, 16, 32, 64, 128, 256])
             self.model_seconds = Histogram(
                 "serve_app_model_seconds", description="Model time of one batch, in seconds.",
-                boundaries=[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10], tag_keys=("deployment",))
+                boundaries=[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10])
+            self.queue_wait = Histogram(
+                "serve_app_queue_wait_seconds",
+                description="Time a call's records waited in the replica's batch queue before their batch "
+                "started, in seconds (one observation per call in each batch).",
+                boundaries=[0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30])
             self.records = Counter(
-                "serve_app_records_total", description="Records processed by the model.", tag_keys=("deployment",))
+                "serve_app_records_total", description="Records processed by the model.")
+            self.enqueued = Counter(
+                "serve_app_records_enqueued_total", description="Records that entered the batch queue.")
+            self.cancelled = Counter(
+                "serve_app_records_cancelled_total",
+                description="Records whose caller cancelled (deadline, client gone) before their batch started: "
+                "dropped from the queue, never computed.")
             self.failures = Counter(
-                "serve_app_model_failures_total", description="Model calls that raised.", tag_keys=("deployment",))
-            for metric in (self.batch_records, self.model_seconds, self.records, self.failures):
-                metric.set_default_tags(self._tags)
-        except Exception:  # pragma: no cover - not inside a Serve replica
-            self.batch_records = self.model_seconds = self.records = self.failures = None
+                "serve_app_model_failures_total", description="Model calls that raised.")
+        except Exception:  # pragma: no cover - metrics must never stop a replica
+            logger.exception("%s: Prometheus metrics unavailable", deployment)
 
     def observe_batch(self, records: int, seconds: float) -> None:
         if self.batch_records is not None:
@@ -65,9 +83,71 @@ class _Metrics:
             self.model_seconds.observe(seconds)
             self.records.inc(records)
 
+    def observe_queue_wait(self, seconds: float) -> None:
+        if self.queue_wait is not None:
+            self.queue_wait.observe(seconds)
+
+    def count_enqueued(self, records: int) -> None:
+        if self.enqueued is not None and records:
+            self.enqueued.inc(records)
+
+    def count_cancelled(self, records: int) -> None:
+        if self.cancelled is not None and records:
+            self.cancelled.inc(records)
+
     def failed(self) -> None:
         if self.failures is not None:
             self.failures.inc()
+
+
+class _Ticket:
+    """One call waiting in a batch queue: when it entered, how many records, whether its batch started."""
+
+    __slots__ = ("enqueued_at", "records", "started")
+
+    def __init__(self, records: int):
+        self.enqueued_at = time.perf_counter()
+        self.records = records
+        self.started = False
+
+
+class _TrackedBatchMethod:
+    """Wraps a replica's `@serve.batch` method to stamp each call's enqueue time and to count
+    calls cancelled before their batch started (Serve drops those from the batch: never computed).
+
+    Attribute access (set_max_batch_size, ...) goes to the wrapped method.
+    """
+
+    def __init__(self, replica: "ModelReplica", method: Any):
+        self._replica = replica
+        self._method = method
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._method, name)
+
+    async def __call__(self, item: Any) -> Any:
+        replica = self._replica
+        ticket = _Ticket(_records_of(item))
+        replica._tickets[id(item)] = ticket
+        replica._stats["enqueued"] += ticket.records
+        replica._metrics.count_enqueued(ticket.records)
+        try:
+            return await self._method(item)
+        except asyncio.CancelledError:
+            if not ticket.started:
+                replica._stats["cancelled"] += ticket.records
+                replica._metrics.count_cancelled(ticket.records)
+            raise
+        finally:
+            replica._tickets.pop(id(item), None)
+
+
+def _records_of(item: Any) -> int:
+    texts = getattr(item, "texts", item)
+    try:
+        return len(texts)
+    except TypeError:  # pragma: no cover
+        return 1
 
 
 class ModelReplica:
@@ -83,12 +163,31 @@ class ModelReplica:
         self._failures_in_a_row = 0
         self._last_error: Optional[str] = None
         self._metrics = _Metrics(self.deployment_name)
+        #: in-process tallies of records: entered the queue, computed, cancelled while queued
+        self._stats = {"enqueued": 0, "computed": 0, "cancelled": 0}
+        self._tickets: dict[int, _Ticket] = {}
+        for method in self._batched_methods():
+            setattr(self, method.__name__, _TrackedBatchMethod(self, method))
         self.batch_config = self.default_batch
         self._apply_batch_config()
         self.ready_at = time.time()
 
     def _batched_methods(self) -> list[Any]:
         raise NotImplementedError
+
+    def _batch_started(self, items: list[Any]) -> None:
+        """Call first thing in a `@serve.batch` method: marks its calls as started (no longer
+        cancellable from the queue) and observes how long each waited in the queue."""
+        now = time.perf_counter()
+        for item in items:
+            ticket = self._tickets.get(id(item))
+            if ticket is not None and not ticket.started:
+                ticket.started = True
+                self._metrics.observe_queue_wait(now - ticket.enqueued_at)
+
+    def stats(self) -> dict:
+        """Records this replica queued, computed and dropped (cancelled while queued)."""
+        return dict(self._stats)
 
     def _apply_batch_config(self) -> None:
         for method in self._batched_methods():
@@ -111,6 +210,7 @@ class ModelReplica:
             self._metrics.failed()
             raise
         self._failures_in_a_row = 0
+        self._stats["computed"] += records
         self._metrics.observe_batch(records, time.perf_counter() - start)
         return result
 

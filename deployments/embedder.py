@@ -56,6 +56,7 @@ class Embedder(ModelReplica):
         batch_size_fn=count_records,
     )
     async def _embed_batch(self, items: list[list[str]]) -> list[tuple[np.ndarray, list[int], int]]:
+        self._batch_started(items)
         records = count_records(items)
         flat = [text for item in items for text in item]
         vectors, tokens = await self._run_model(lambda: self.model.embed_sorted(flat), records)

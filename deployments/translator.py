@@ -54,6 +54,7 @@ class Translator(ModelReplica):
         batch_size_fn=count_records,
     )
     async def _translate_batch(self, chunks: list[Chunk]) -> list[tuple[list[str], int]]:
+        self._batch_started(chunks)
         records = count_records(chunks)
         keys = [(c.source, c.target) for c in chunks]
 

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from typing import Optional
 
-from fastapi import Depends, FastAPI, Response
+from fastapi import Depends, FastAPI, Header, Request, Response
 from fastapi.responses import JSONResponse
 
 from . import __version__
-from .errors import NotReady, install_error_handlers
-from .middleware import AdmissionControl, BodySizeLimit
+from .errors import ERROR_TYPE_SCOPE_KEY, NotReady, install_error_handlers
+from .middleware import AdmissionControl, ApiKeyAuth, BodySizeLimit, LazyCORS, RequestObserver
+from .observability import RECORDS_SCOPE_KEY, RequestRecorder
 from .schemas import (
     ERROR_RESPONSES, EmbeddingsRequest, EmbeddingsResponse, HealthResponse, ModelCard, ModelsResponse,
     TranslationRequest, TranslationResponse,
@@ -24,6 +25,22 @@ from .settings import IngressSettings
 
 #: response header: records in the largest model batch this request's records rode in
 BATCH_HEADER = "X-Batch-Records"
+
+#: request header: the client's deadline in milliseconds, capped by `ingress.model_timeout_s`
+TIMEOUT_HEADER = "X-Request-Timeout-Ms"
+
+#: every request is counted and logged here (tests read its tallies)
+recorder = RequestRecorder()
+
+
+def _deadline_s(timeout_ms: Optional[int]) -> Optional[float]:
+    return None if timeout_ms is None else timeout_ms / 1000.0
+
+
+_TIMEOUT_DESCRIPTION = (
+    "Deadline for this request in milliseconds; the server caps it at its own `model_timeout_s`. "
+    "A request that cannot finish in time is answered 504 and its queued records are dropped."
+)
 
 
 # The service lives in this module, not in `app.state`: Serve pickles the app
@@ -36,6 +53,25 @@ def set_service(service: Optional[Service]) -> None:
     """Install the service the routes use (the Serve ingress does this at start-up)."""
     global _service
     _service = service
+
+
+_DEFAULT_LIMITS: Optional[IngressSettings] = None
+
+
+def current_limits() -> IngressSettings:
+    """The running service's ingress settings (defaults before start-up).
+
+    Module-level on purpose: Serve pickles the app, and closures inside
+    `create_app` are pickled *by value* with a snapshot of this module's globals
+    (where `_service` is still None); module-level functions are pickled by
+    reference, so the middlewares see the service installed in the replica.
+    """
+    global _DEFAULT_LIMITS
+    if _service is not None:
+        return _service.limits
+    if _DEFAULT_LIMITS is None:
+        _DEFAULT_LIMITS = IngressSettings()
+    return _DEFAULT_LIMITS
 
 
 def get_service() -> Service:
@@ -52,27 +88,42 @@ def create_app() -> FastAPI:
     )
     install_error_handlers(app)
 
-    def limits() -> IngressSettings:
-        return _service.limits if _service else IngressSettings()
+    limits = current_limits
 
-    # Starlette runs the last added middleware first: shed before reading bodies.
+    # Starlette runs the last added middleware first. Outermost to innermost: observe (log and
+    # count every answer), CORS (preflights), API key, shed load, then bound the body before parsing.
     app.add_middleware(BodySizeLimit, get_limit=lambda: limits().max_body_bytes)
     app.add_middleware(AdmissionControl, limit=lambda: limits().max_inflight_requests,
                        retry_after_s=lambda: limits().retry_after_s)
+    app.add_middleware(ApiKeyAuth, keys=lambda: limits().api_key_list())
+    app.add_middleware(LazyCORS, origins=lambda: limits().cors_origins)
+    app.add_middleware(RequestObserver, recorder=recorder, enabled=lambda: limits().access_log)
 
     @app.post("/translation", response_model=TranslationResponse, responses=ERROR_RESPONSES)
-    async def translation(body: TranslationRequest, response: Response, service: Service = Depends(get_service)):
+    async def translation(
+        body: TranslationRequest, request: Request, response: Response,
+        timeout_ms: Optional[int] = Header(None, alias=TIMEOUT_HEADER, ge=1, le=3_600_000,
+                                           description=_TIMEOUT_DESCRIPTION),
+        service: Service = Depends(get_service),
+    ):
         """Translate records from `fromLang` to `toLang`; answers keep the records' order and ids."""
-        result, batch = await service.translate(body.payload)
+        request.scope[RECORDS_SCOPE_KEY] = len(body.payload.records)
+        result, batch = await service.translate(body.payload, timeout_s=_deadline_s(timeout_ms))
         response.headers[BATCH_HEADER] = str(batch)
         return result
 
     @app.post("/embeddings", response_model=EmbeddingsResponse, responses=ERROR_RESPONSES)
     @app.post("/v1/embeddings", response_model=EmbeddingsResponse, responses=ERROR_RESPONSES,
               include_in_schema=False)
-    async def embeddings(body: EmbeddingsRequest, response: Response, service: Service = Depends(get_service)):
+    async def embeddings(
+        body: EmbeddingsRequest, request: Request, response: Response,
+        timeout_ms: Optional[int] = Header(None, alias=TIMEOUT_HEADER, ge=1, le=3_600_000,
+                                           description=_TIMEOUT_DESCRIPTION),
+        service: Service = Depends(get_service),
+    ):
         """OpenAI-compatible embeddings: unit-length mean-pooled MiniLM vectors."""
-        result, batch = await service.embed(body)
+        request.scope[RECORDS_SCOPE_KEY] = len(body.texts())
+        result, batch = await service.embed(body, timeout_s=_deadline_s(timeout_ms))
         response.headers[BATCH_HEADER] = str(batch)
         return result
 
@@ -82,18 +133,23 @@ def create_app() -> FastAPI:
         return HealthResponse(status="ok")
 
     @app.get("/readyz", response_model=HealthResponse, responses={503: ERROR_RESPONSES[503]})
-    async def readyz(service: Service = Depends(get_service)):
-        """200 only when every model deployment has loaded and warmed up its model."""
+    async def readyz(request: Request, service: Service = Depends(get_service)):
+        """200 only when every model deployment has loaded and warmed up its model; 503 with each
+        model's state otherwise (`failed: ...` quotes Serve's reason when a deployment failed)."""
         states = await service.readiness()
         if all(s == "ready" for s in states.values()):
             return HealthResponse(status="ready", models=states)
+        failed = any(s.startswith("failed") for s in states.values())
+        request.scope[ERROR_TYPE_SCOPE_KEY] = "not_ready"
         return JSONResponse(
             status_code=503,
             headers={"Retry-After": "2"},
-            content={"error": "Not every model is ready.", "error_type": "not_ready", "models": states},
+            content={"error": "A model deployment failed to start." if failed else "Not every model is ready.",
+                     "error_type": "not_ready", "models": states},
         )
 
-    @app.get("/v1/models", response_model=ModelsResponse)
+    @app.get("/v1/models", response_model=ModelsResponse,
+             responses={k: ERROR_RESPONSES[k] for k in (401, 403, 503, 504)})
     async def models(service: Service = Depends(get_service)):
         """Each served model: backend, languages or dimensions, batch settings."""
         return ModelsResponse(data=[ModelCard(**card) for card in await service.models()])

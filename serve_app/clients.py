@@ -28,12 +28,17 @@ class HandleClient:
     """A DeploymentHandle plus the error mapping. Model methods are idempotent, so a
     call whose replica died is retried once on another (or the restarted) replica."""
 
-    def __init__(self, name: str, handle: Any, *, retry_after_s: int = 2, retries_on_replica_death: int = 1):
+    def __init__(self, name: str, handle: Any, *, retry_after_s: int = 2, retries_on_replica_death: int = 1,
+                 retry_timeout_s: float = 8.0):
         self.name = name
         self._handle = handle
         self._methods: dict[str, Any] = {}
         self._retry_after_s = retry_after_s
         self._retries = retries_on_replica_death
+        self._retry_timeout_s = retry_timeout_s
+        #: calls retried after a replica died, and how those retries ended (tests and logs read them)
+        self.retried = 0
+        self.retries_failed = 0
 
     def _method(self, method: str) -> Any:
         if method not in self._methods:
@@ -48,7 +53,22 @@ class HandleClient:
         while True:
             response = self._method(method).remote(*args)
             try:
-                return await response
+                if attempt == 0:
+                    return await response
+                # A retry waits for a healthy or restarted replica, but not forever: past
+                # retry_timeout_s the caller gets 503 + Retry-After instead of a hang.
+                try:
+                    async with asyncio.timeout(self._retry_timeout_s):
+                        return await response
+                except TimeoutError:
+                    response.cancel()
+                    self.retries_failed += 1
+                    logger.warning("%s: retry of %s found no replica within %g s", self.name, method,
+                                   self._retry_timeout_s)
+                    raise ModelUnavailable(
+                        f"{self.name} has no healthy replica yet; retry after {self._retry_after_s} s.",
+                        retry_after_s=self._retry_after_s,
+                    ) from None
             except asyncio.CancelledError:
                 response.cancel()
                 raise
@@ -64,8 +84,11 @@ class HandleClient:
             except (ActorDiedError, ActorUnavailableError, RayActorError) as exc:
                 if attempt < self._retries:
                     attempt += 1
-                    logger.warning("%s replica died during %s; retrying once: %r", self.name, method, exc)
+                    self.retried += 1
+                    logger.warning("%s replica died during %s; retrying once: %s", self.name, method,
+                                   type(exc).__name__)
                     continue
+                self.retries_failed += 1
                 raise ModelUnavailable(
                     f"{self.name} replica failed while serving the request; retry after {self._retry_after_s} s.",
                     retry_after_s=self._retry_after_s,
@@ -73,3 +96,16 @@ class HandleClient:
             except RayTaskError as exc:
                 logger.error("%s.%s raised: %s", self.name, method, exc)
                 raise InternalError(f"{self.name} failed on this request; the error has been logged.") from None
+
+    async def deployment_status(self) -> tuple[str, str]:
+        """(status, message) of this deployment as Serve's controller reports it."""
+        from ray import serve
+
+        app_name = serve.get_replica_context().app_name
+
+        def ask() -> tuple[str, str]:
+            app = serve.status().applications[app_name]
+            deployment = app.deployments[self.name]
+            return str(getattr(deployment.status, "value", deployment.status)), deployment.message or app.message
+
+        return await asyncio.to_thread(ask)

@@ -19,6 +19,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 logger = logging.getLogger("serve_app")
 
+#: where an error response records its `error_type` in the ASGI scope, for the access log and metrics
+ERROR_TYPE_SCOPE_KEY = "serve_app.error_type"
+
 
 class ServeAppError(Exception):
     status_code: int = 500
@@ -29,7 +32,10 @@ class ServeAppError(Exception):
         self.message = message
         self.retry_after_s = retry_after_s
 
-    def to_response(self) -> JSONResponse:
+    def to_response(self, scope: Optional[dict] = None) -> JSONResponse:
+        """The JSON response; `scope` (the ASGI scope) records the error type for the access log."""
+        if scope is not None:
+            scope[ERROR_TYPE_SCOPE_KEY] = self.error_type
         headers = {}
         if self.retry_after_s is not None:
             headers["Retry-After"] = str(int(self.retry_after_s))
@@ -60,6 +66,20 @@ class UnsupportedModel(ServeAppError):
 class PayloadTooLarge(ServeAppError):
     status_code = 413
     error_type = "payload_too_large"
+
+
+class Unauthorized(ServeAppError):
+    """No API key was sent while the service requires one (401)."""
+
+    status_code = 401
+    error_type = "unauthorized"
+
+
+class Forbidden(ServeAppError):
+    """An API key was sent but it is not one of the configured keys (403)."""
+
+    status_code = 403
+    error_type = "forbidden"
 
 
 class NotFound(ServeAppError):
@@ -113,28 +133,28 @@ def _describe_validation_errors(errors: list[dict[str, Any]]) -> str:
 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ServeAppError)
-    async def _serve_app_error(_: Request, exc: ServeAppError) -> JSONResponse:
-        return exc.to_response()
+    async def _serve_app_error(request: Request, exc: ServeAppError) -> JSONResponse:
+        return exc.to_response(request.scope)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return InvalidRequest(_describe_validation_errors(list(exc.errors()))).to_response()
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return InvalidRequest(_describe_validation_errors(list(exc.errors()))).to_response(request.scope)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         if exc.status_code == 404:
-            return NotFound("No such route.").to_response()
+            return NotFound("No such route.").to_response(request.scope)
         if exc.status_code == 400:
             # FastAPI's own 400 is a body it could not decode (e.g. invalid UTF-8).
-            return InvalidRequest(f"Invalid request body: {exc.detail}").to_response()
+            return InvalidRequest(f"Invalid request body: {exc.detail}").to_response(request.scope)
         if exc.status_code == 405:
-            return MethodNotAllowed("Method not allowed on this route.").to_response()
+            return MethodNotAllowed("Method not allowed on this route.").to_response(request.scope)
         err = ServeAppError(str(exc.detail))
         err.status_code = exc.status_code
         err.error_type = "http_error"
-        return err.to_response()
+        return err.to_response(request.scope)
 
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         logger.exception("unhandled error: %r", exc)
-        return InternalError("Internal error; it has been logged.").to_response()
+        return InternalError("Internal error; it has been logged.").to_response(request.scope)

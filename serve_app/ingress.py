@@ -30,9 +30,10 @@ class Ingress:
     def __init__(self, translator: DeploymentHandle, embedder: DeploymentHandle, settings: dict):
         self.settings = AppSettings.model_validate(settings)
         retry = self.settings.ingress.retry_after_s
+        retry_timeout = self.settings.ingress.replica_retry_timeout_s
         set_service(Service(
             self.settings,
-            translator=HandleClient("Translator", translator, retry_after_s=retry),
-            embedder=HandleClient("Embedder", embedder, retry_after_s=retry),
+            translator=HandleClient("Translator", translator, retry_after_s=retry, retry_timeout_s=retry_timeout),
+            embedder=HandleClient("Embedder", embedder, retry_after_s=retry, retry_timeout_s=retry_timeout),
         ))
         logger.info("Ingress ready with limits %s", self.settings.ingress.model_dump())

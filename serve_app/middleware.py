@@ -1,10 +1,18 @@
-"""ASGI middleware: reject oversized bodies with 413 before anything parses them."""
+"""ASGI middleware: body limits, admission control, API keys, CORS, access log and metrics."""
 
 from __future__ import annotations
 
-from typing import Callable
+import asyncio
+import hashlib
+import hmac
+import time
+import uuid
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
-from .errors import Overloaded, PayloadTooLarge
+from .errors import ERROR_TYPE_SCOPE_KEY, Forbidden, Overloaded, PayloadTooLarge, Unauthorized
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .observability import RequestRecorder
 
 
 class BodySizeLimit:
@@ -54,7 +62,7 @@ class BodySizeLimit:
         await self.app(scope, replay, send)
 
     async def _reject(self, scope, receive, send, limit):
-        response = PayloadTooLarge(f"Request body is larger than the limit of {limit} bytes.").to_response()
+        response = PayloadTooLarge(f"Request body is larger than the limit of {limit} bytes.").to_response(scope)
         await response(scope, receive, send)
 
 
@@ -86,10 +94,164 @@ class AdmissionControl:
             response = Overloaded(
                 f"The service is at capacity ({self.in_flight} requests in flight); retry after {retry} s.",
                 retry_after_s=retry,
-            ).to_response()
+            ).to_response(scope)
             return await response(scope, receive, send)
         self.in_flight += 1
         try:
             await self.app(scope, receive, send)
         finally:
             self.in_flight -= 1
+
+
+# --- authentication, CORS -----------------------------------------------------------------
+
+#: routes that never need an API key: probes, and the API's own description
+OPEN_PATHS = ("/healthz", "/readyz", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json")
+
+
+def _header(scope, name: bytes) -> Optional[str]:
+    for key, value in scope.get("headers", []):
+        if key.lower() == name:
+            return value.decode("latin-1")
+    return None
+
+
+def presented_key(scope) -> Optional[str]:
+    """The API key a request carries: `Authorization: Bearer <key>` or `X-API-Key: <key>`."""
+    auth = _header(scope, b"authorization")
+    if auth:
+        scheme, _, credentials = auth.strip().partition(" ")
+        if scheme.lower() == "bearer" and credentials.strip():
+            return credentials.strip()
+    key = _header(scope, b"x-api-key")
+    return key.strip() if key and key.strip() else None
+
+
+def key_matches(presented: str, keys: Sequence[str]) -> bool:
+    """Constant-time: digests of equal length, compared against every key without stopping early."""
+    digest = hashlib.sha256(presented.encode("utf-8", "surrogatepass")).digest()
+    matched = False
+    for key in keys:
+        matched |= hmac.compare_digest(digest, hashlib.sha256(key.encode("utf-8")).digest())
+    return matched
+
+
+class ApiKeyAuth:
+    """Optional API-key authentication: off while `keys()` is empty.
+
+    401 (with `WWW-Authenticate: Bearer`) when no key is sent, 403 when the key is not
+    one of the configured ones; OPEN_PATHS and CORS preflights pass without a key.
+    """
+
+    def __init__(self, app, keys: Callable[[], Sequence[str]], open_paths: tuple[str, ...] = OPEN_PATHS):
+        self.app = app
+        self.keys = keys
+        self.open_paths = open_paths
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope.get("path") in self.open_paths or scope["method"] == "OPTIONS":
+            return await self.app(scope, receive, send)
+        keys = self.keys()
+        if not keys:
+            return await self.app(scope, receive, send)
+        presented = presented_key(scope)
+        if presented is None:
+            response = Unauthorized(
+                "An API key is required: send `Authorization: Bearer <key>` or `X-API-Key: <key>`."
+            ).to_response(scope)
+            response.headers["WWW-Authenticate"] = 'Bearer realm="serve-app"'
+            return await response(scope, receive, send)
+        if not key_matches(presented, keys):
+            return await Forbidden("The API key is not valid.").to_response(scope)(scope, receive, send)
+        await self.app(scope, receive, send)
+
+
+class LazyCORS:
+    """Starlette's CORSMiddleware with origins read from the settings at request time.
+
+    The app object is built (and pickled into the replica) before its settings are known,
+    so the real middleware is created on first use, once per distinct origin list. With
+    no origins configured it adds nothing: browsers then refuse cross-origin calls.
+    """
+
+    def __init__(self, app, origins: Callable[[], Sequence[str]]):
+        self.app = app
+        self.origins = origins
+        self._built: dict[tuple[str, ...], Any] = {}
+
+    async def __call__(self, scope, receive, send):
+        origins = tuple(self.origins())
+        if scope["type"] != "http" or not origins:
+            return await self.app(scope, receive, send)
+        if origins not in self._built:
+            from starlette.middleware.cors import CORSMiddleware
+
+            self._built[origins] = CORSMiddleware(
+                self.app, allow_origins=list(origins), allow_methods=["GET", "POST"],
+                allow_headers=["Authorization", "Content-Type", "X-API-Key", "X-Request-Timeout-Ms"],
+                expose_headers=["X-Batch-Records", "X-Request-ID", "Retry-After"], max_age=600,
+            )
+        await self._built[origins](scope, receive, send)
+
+
+# --- observability ------------------------------------------------------------------------
+
+class RequestObserver:
+    """Outermost middleware: one JSON access-log line and the ingress metrics per HTTP request.
+
+    The request id is the one Serve's proxy assigned (`x-request-id`, also sent back to the
+    client); the error type is what the error handlers recorded in the scope.
+    """
+
+    def __init__(self, app, recorder: "RequestRecorder", enabled: Callable[[], bool]):
+        self.app = app
+        self.recorder = recorder
+        self.enabled = enabled
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        start = time.perf_counter()
+        # Behind Serve's proxy the request carries the id the proxy assigned, and the proxy
+        # adds it to the response itself; only a bare app (tests, plain uvicorn) adds it here.
+        proxied = _header(scope, b"x-request-id") is not None
+        request_id = request_id_of(scope)
+        status = {"code": 500}
+
+        async def send_observed(message):
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+                if not proxied:
+                    message.setdefault("headers", []).append((b"x-request-id", request_id.encode("latin-1")))
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_observed)
+        except asyncio.CancelledError:
+            # The client went away (Serve cancels the request): 499 as nginx logs it.
+            status["code"] = 499
+            scope.setdefault(ERROR_TYPE_SCOPE_KEY, "client_disconnected")
+            raise
+        except Exception:
+            status["code"] = 500
+            scope.setdefault(ERROR_TYPE_SCOPE_KEY, "internal_error")
+            raise
+        finally:
+            self.recorder.record(
+                scope, request_id=request_id, status=status["code"],
+                seconds=time.perf_counter() - start, log=self.enabled(),
+            )
+
+
+def request_id_of(scope) -> str:
+    """Serve's request id: the proxy puts it in the `x-request-id` request header."""
+    rid = _header(scope, b"x-request-id")
+    if rid:
+        return rid
+    try:
+        from ray.serve.context import _get_serve_request_context
+
+        rid = _get_serve_request_context().request_id
+    except Exception:  # pragma: no cover - outside Serve
+        rid = ""
+    return rid or uuid.uuid4().hex

@@ -9,11 +9,32 @@ their own metadata); missing or mistyped fields are 422.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator
 
 _LANG_PATTERN = r"^[A-Za-z]{2,3}([-_][A-Za-z0-9]{2,8})*$"
+
+
+#: C0/C1 control characters other than tab, newline and carriage return (NUL included)
+_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+#: lone UTF-16 surrogates: JSON can carry them (`"\\ud800"`), UTF-8 cannot, and native models crash on them
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def clean_text(text: str) -> str:
+    """What a model may see: control characters become spaces, lone surrogates U+FFFD.
+
+    Everything else (any script, emoji, combining marks) passes unchanged."""
+    text = _SURROGATE.sub("\ufffd", text)
+    return _CONTROL.sub(" ", text)
+
+
+def _valid_id(value: str) -> str:
+    if _SURROGATE.search(value):
+        raise ValueError("id must be valid Unicode (it holds a lone surrogate)")
+    return value
 
 
 def normalise_language(code: str) -> str:
@@ -30,11 +51,17 @@ class TranslationRecord(_Body):
     text: StrictStr = Field(..., description="Text to translate; must not be blank.",
                             examples=["Life is like a box of chocolates."])
 
+    @field_validator("id")
+    @classmethod
+    def _id_is_unicode(cls, value: str) -> str:
+        return _valid_id(value)
+
     @field_validator("text")
     @classmethod
     def _not_blank(cls, value: str) -> str:
+        value = clean_text(value)
         if not value.strip():
-            raise ValueError("text must not be empty or only whitespace")
+            raise ValueError("text must not be empty, whitespace or control characters only")
         return value
 
 
@@ -86,10 +113,11 @@ class EmbeddingsRequest(_Body):
         items = [value] if isinstance(value, str) else value
         if not items:
             raise ValueError("input must hold at least one text")
+        items = [clean_text(text) for text in items]
         for i, text in enumerate(items):
             if not text.strip():
-                raise ValueError(f"input[{i}] must not be empty or only whitespace")
-        return value
+                raise ValueError(f"input[{i}] must not be empty, whitespace or control characters only")
+        return items[0] if isinstance(value, str) else items
 
     def texts(self) -> list[str]:
         return [self.input] if isinstance(self.input, str) else list(self.input)
@@ -142,6 +170,8 @@ class HealthResponse(BaseModel):
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorResponse, "description": "Unsupported language pair or model."},
+    401: {"model": ErrorResponse, "description": "API keys are configured and the request sent none."},
+    403: {"model": ErrorResponse, "description": "The API key sent is not valid."},
     413: {"model": ErrorResponse, "description": "Too many records or a text longer than the limit."},
     422: {"model": ErrorResponse, "description": "The body does not match the schema."},
     503: {"model": ErrorResponse, "description": "Overloaded or model unavailable; see Retry-After."},

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+import logging
+import re
 import time
 from typing import Any, Awaitable, Callable, Optional, Sequence, TypeVar
 
@@ -18,6 +21,8 @@ from .schemas import (
     TranslationPayload, TranslationResponse, normalise_language,
 )
 from .settings import AppSettings
+
+logger = logging.getLogger("serve_app")
 
 T = TypeVar("T")
 
@@ -73,6 +78,7 @@ class Service:
         self.translator = translator
         self.embedder = embedder
         self._info: dict[str, tuple[float, dict]] = {}
+        self._reported_failures: set[tuple] = set()
 
     @property
     def limits(self):
@@ -86,15 +92,28 @@ class Service:
         self._info[client.name] = (time.monotonic(), info)
         return info
 
-    async def _with_deadline(self, work: Awaitable[T]) -> T:
-        timeout_s = self.limits.model_timeout_s
+    def deadline_s(self, requested_s: Optional[float] = None) -> float:
+        """The request's deadline: the client's (X-Request-Timeout-Ms) capped by `model_timeout_s`."""
+        cap = self.limits.model_timeout_s
+        return cap if requested_s is None else min(float(requested_s), cap)
+
+    @contextlib.asynccontextmanager
+    async def _deadline(self, requested_s: Optional[float] = None):
+        """One deadline over all of a request's model calls. When it passes, every call still
+        pending is cancelled (and with it the records queued in the model's batch queue)."""
+        timeout_s = self.deadline_s(requested_s)
         try:
             async with asyncio.timeout(timeout_s):
-                return await work
+                yield
         except TimeoutError:
             raise RequestTimeout(f"The request did not finish within {timeout_s:g} s.") from None
 
-    async def translate(self, payload: TranslationPayload) -> tuple[TranslationResponse, int]:
+    async def _with_deadline(self, work: Awaitable[T], requested_s: Optional[float] = None) -> T:
+        async with self._deadline(requested_s):
+            return await work
+
+    async def translate(self, payload: TranslationPayload,
+                        timeout_s: Optional[float] = None) -> tuple[TranslationResponse, int]:
         records = payload.records
         if len(records) > self.limits.max_records_per_request:
             raise PayloadTooLarge(
@@ -102,20 +121,22 @@ class Service:
             )
         texts = [r.text for r in records]
         check_text_lengths(texts, self.limits.max_text_chars, "records.text")
-        info = await self._with_deadline(self.model_info(self.translator))
-        source, target = resolve_pair(payload.fromLang, payload.toLang, info["language_pairs"])
-        calls = [
-            (lambda piece=piece: self.translator.call("translate", Chunk(source, target, piece)))
-            for piece in split(texts, self.limits.records_per_call)
-        ]
-        results = await self._with_deadline(gather_limited(calls, self.limits.max_inflight_calls_per_request))
+        async with self._deadline(timeout_s):
+            info = await self.model_info(self.translator)
+            source, target = resolve_pair(payload.fromLang, payload.toLang, info["language_pairs"])
+            calls = [
+                (lambda piece=piece: self.translator.call("translate", Chunk(source, target, piece)))
+                for piece in split(texts, self.limits.records_per_call)
+            ]
+            results = await gather_limited(calls, self.limits.max_inflight_calls_per_request)
         translated = [text for texts_out, _ in results for text in texts_out]
         batch = max(size for _, size in results)
         return TranslationResponse(
             result=[TranslatedRecord(id=r.id, text=t) for r, t in zip(records, translated)]
         ), batch
 
-    async def embed(self, request: EmbeddingsRequest) -> tuple[EmbeddingsResponse, int]:
+    async def embed(self, request: EmbeddingsRequest,
+                    timeout_s: Optional[float] = None) -> tuple[EmbeddingsResponse, int]:
         texts = request.texts()
         if len(texts) > self.limits.max_embedding_inputs:
             raise PayloadTooLarge(
@@ -129,7 +150,8 @@ class Service:
             (lambda piece=piece: self.embedder.call("embed", piece))
             for piece in split(texts, self.limits.inputs_per_embedding_call)
         ]
-        results = await self._with_deadline(gather_limited(calls, self.limits.max_inflight_calls_per_request))
+        results = await self._with_deadline(
+            gather_limited(calls, self.limits.max_inflight_calls_per_request), timeout_s)
         vectors = np.concatenate([v for v, _, _ in results]) if len(results) > 1 else results[0][0]
         tokens = sum(sum(t) for _, t, _ in results)
         batch = max(b for _, _, b in results)
@@ -142,20 +164,44 @@ class Service:
         ), batch
 
     async def readiness(self) -> dict[str, str]:
-        """Each model deployment's state: `ready`, or why not."""
+        """Each model deployment's state: `ready`, or why not.
+
+        A deployment that no replica answers for is asked about at Serve's controller: when
+        Serve gave up on it (DEPLOY_FAILED after repeated constructor failures, e.g. missing
+        weights), the state is `failed: <Serve's message>` instead of a silent `loading`."""
         async def probe(client: ModelClient) -> str:
             try:
                 async with asyncio.timeout(self.limits.readiness_timeout_s):
                     await client.call("ready")
                 return "ready"
             except TimeoutError:
-                return "loading (no replica answered in time)"
+                failure = await self._deployment_failure(client)
+                return f"failed: {failure}" if failure else "loading (no replica answered in time)"
             except ServeAppError as exc:
-                return f"unavailable: {exc.message}"
+                failure = await self._deployment_failure(client)
+                return f"failed: {failure}" if failure else f"unavailable: {exc.message}"
 
         clients = [self.translator, self.embedder]
         states = await asyncio.gather(*(probe(c) for c in clients))
         return {c.name: s for c, s in zip(clients, states)}
+
+    async def _deployment_failure(self, client: ModelClient) -> Optional[str]:
+        status = getattr(client, "deployment_status", None)
+        if status is None:
+            return None
+        try:
+            async with asyncio.timeout(self.limits.readiness_timeout_s):
+                state, message = await status()
+        except Exception:  # the controller is busy or unreachable: say nothing rather than guess
+            return None
+        if state in ("DEPLOY_FAILED", "UNHEALTHY"):
+            message = summarise_failure(message)
+            key = (client.name, state, message)
+            if key not in self._reported_failures:  # once per distinct failure, not per probe
+                self._reported_failures.add(key)
+                logger.error("/readyz: deployment %s is %s: %s", client.name, state, message)
+            return f"{state}: {message}"[:2000]
+        return None
 
     async def models(self) -> list[dict[str, Any]]:
         translator, embedder = await self._with_deadline(
@@ -169,6 +215,26 @@ class Service:
              "backend": embedder["backend"], "dimensions": embedder["dimensions"],
              "batching": embedder["batching"], "details": embedder["details"]},
         ]
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_EXCEPTION_LINE = re.compile(r"^\s*([\w.]*(?:Error|Exception|Exit)\w*): (.+)$")
+
+
+def summarise_failure(message: str) -> str:
+    """Serve's DEPLOY_FAILED message is a sentence plus a remote traceback; keep the sentence
+    and the exception it ends with (`ModelLoadError: model folder '/models/x' does not exist`)."""
+    text = _ANSI.sub("", message or "")
+    lines = text.splitlines()
+    headline = lines[0].strip() if lines else ""
+    headline = headline.split(" See controller logs")[0].removesuffix(" Error:").strip()
+    cause = ""
+    for line in reversed(lines):
+        m = _EXCEPTION_LINE.match(line)
+        if m:
+            cause = f"{m.group(1).rsplit('.', 1)[-1]}: {m.group(2).strip()}"
+            break
+    return f"{headline} Cause: {cause}" if cause else headline or text[:500]
 
 
 def _model_aliases(name: str) -> set[str]:

@@ -18,10 +18,11 @@ the bad key quoted, instead of being ignored.
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Annotated, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import SecretStr
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_PORT = 9527
 
@@ -69,10 +70,10 @@ class IngressSettings(_Section):
         "single large request can hold, so it neither blocks small requests nor starves itself.",
     )
     max_inflight_requests: int = Field(
-        128, ge=1,
+        64, ge=1,
         description="Model requests one ingress replica admits at once; more are answered 503 + Retry-After "
         "immediately. Size it as (requests/s the models sustain) x (queueing delay you accept): "
-        "at ~40 req/s, 128 bounds queueing to ~3 s.",
+        "at ~30 req/s, 64 bounds queueing to ~2 s. Keep the Ingress deployment's max_ongoing_requests above it.",
     )
     readiness_timeout_s: float = Field(
         2.0, gt=0,
@@ -86,6 +87,41 @@ class IngressSettings(_Section):
         2, ge=1,
         description="Seconds sent in Retry-After with 503 answers when the service is overloaded.",
     )
+    replica_retry_timeout_s: float = Field(
+        8.0, gt=0,
+        description="A model call whose replica died is retried once; the retry waits at most this long "
+        "for a healthy or restarted replica, then the request gets 503 + Retry-After. Keep it under the "
+        "client's patience (every caller answered within ~10 s of a replica crash).",
+    )
+    api_keys: Optional[SecretStr] = Field(
+        None,
+        description="Comma-separated API keys. When set, model routes and /v1/models need "
+        "`Authorization: Bearer <key>` or `X-API-Key: <key>` (401 without one, 403 with a wrong one); "
+        "/healthz, /readyz and /docs stay open. Unset (the default): no authentication.",
+    )
+    cors_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Origins allowed to call the API from a browser (CORS), comma-separated or a list; "
+        "`*` allows any. Empty (the default): no CORS headers, browsers refuse cross-origin calls.",
+    )
+    access_log: bool = Field(
+        True,
+        description="One JSON log line per HTTP request at the ingress (request id, route, status, records, "
+        "latency_ms, error_type). Off saves a little CPU per request; metrics count requests either way.",
+    )
+
+    @field_validator("cors_origins", mode="before")
+    @classmethod
+    def _split_origins(cls, value):
+        if isinstance(value, str):
+            return [o.strip() for o in value.split(",") if o.strip()]
+        return value
+
+    def api_key_list(self) -> list[str]:
+        """The configured API keys (empty: authentication off)."""
+        if self.api_keys is None:
+            return []
+        return [k.strip() for k in self.api_keys.get_secret_value().split(",") if k.strip()]
 
 
 class TranslationSettings(_Section):
@@ -188,8 +224,8 @@ def settings_table() -> str:
                          ("embeddings", EmbeddingSettings)):
         prefix = cls.model_config.get("env_prefix", "")
         for name, field in cls.model_fields.items():
-            default = field.default
-            shown = "(none)" if default is None else f"`{default}`"
+            default = field.default_factory() if field.default_factory is not None else field.default
+            shown = "(none)" if default in (None, []) else f"`{default}`"
             description = (field.description or "").replace("|", "\\|")
             rows.append(f"| `{section}.{name}` | `{prefix}{name.upper()}` | {shown} | {description} |")
     return "\n".join(rows)

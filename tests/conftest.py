@@ -16,8 +16,10 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+TEST_MAX_BODY_BYTES = 3_000_000
 STARTUP_TIMEOUT_S = float(os.environ.get("SERVE_APP_TEST_STARTUP_TIMEOUT_S", "240"))
 
 
@@ -61,6 +63,10 @@ def serve_process(tmp_path_factory):
          "--port", str(port), "--write", str(config)],
         check=True, cwd=ROOT,
     )
+    # One non-default limit, so tests can prove the replica enforces the config's values.
+    rendered = yaml.safe_load(config.read_text())
+    rendered["applications"][0]["args"]["ingress"]["max_body_bytes"] = TEST_MAX_BODY_BYTES
+    config.write_text(yaml.safe_dump(rendered, sort_keys=False))
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1")
     serve_bin = Path(sys.executable).with_name("serve")
     with open(log, "wb") as out:

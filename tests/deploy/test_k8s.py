@@ -32,7 +32,7 @@ def _one(objects: list[dict], kind: str) -> dict:
 def test_overlay_deploys_everything_into_one_namespace(overlay):
     name, objects = overlay
     kinds = sorted(o["kind"] for o in objects)
-    expected = {"Namespace", "Secret", "RayService", "Ingress", "PodMonitor", "PodDisruptionBudget"}
+    expected = {"Namespace", "Secret", "RayService", "Ingress", "PodMonitor", "PodDisruptionBudget", "ConfigMap"}
     if name == "gpu":
         expected |= {"PersistentVolumeClaim", "Job"}
     assert set(kinds) == expected and len(kinds) == len(expected), kinds

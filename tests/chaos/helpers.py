@@ -1,0 +1,80 @@
+"""Load generators and checks shared by the chaos tests."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+import httpx
+
+SENTENCE = ("The children were playing happily in the garden while their parents prepared dinner "
+            "and talked about the long journey they had made across the mountains, number {i}.")
+
+
+def translation_body(n: int, offset: int = 0) -> dict:
+    return {"payload": {"fromLang": "en", "toLang": "pt",
+                        "records": [{"id": f"r{offset + i}", "text": SENTENCE.format(i=offset + i)}
+                                    for i in range(n)]}}
+
+
+@dataclass
+class Outcome:
+    started: float
+    finished: float
+    status: Optional[int]            # None: no HTTP answer (connection error)
+    error: str = ""
+    headers: dict = field(default_factory=dict)
+    body: object = None
+
+    @property
+    def seconds(self) -> float:
+        return self.finished - self.started
+
+
+async def post(client: httpx.AsyncClient, path: str, body: dict, headers: Optional[dict] = None) -> Outcome:
+    started = time.monotonic()
+    try:
+        r = await client.post(path, json=body, headers=headers or {})
+    except httpx.HTTPError as exc:
+        return Outcome(started, time.monotonic(), None, error=type(exc).__name__)
+    try:
+        parsed = r.json()
+    except ValueError:
+        parsed = r.text
+    return Outcome(started, time.monotonic(), r.status_code, headers=dict(r.headers), body=parsed)
+
+
+async def steady_load(url: str, stop: asyncio.Event, outcomes: list, workers: int = 4, records: int = 2,
+                      path: str = "/translation") -> list[Outcome]:
+    """`workers` clients each sending one request after another until `stop` is set; every
+    outcome is appended to `outcomes` as it arrives (callers watch it live)."""
+
+    async def worker(w: int):
+        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+            i = 0
+            while not stop.is_set():
+                outcomes.append(await post(client, path, translation_body(records, offset=w * 10_000 + i)))
+                i += records
+
+    await asyncio.gather(*(worker(w) for w in range(workers)))
+    return outcomes
+
+
+def cpu_ticks(pid: int) -> int:
+    """utime + stime of a process, in clock ticks (to see a replica computing)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def is_clean_error(o: Outcome, status: int, error_type: Optional[str] = None) -> bool:
+    """The project's error contract: JSON {"error", "error_type"} (+ Retry-After on 503)."""
+    if o.status != status or not isinstance(o.body, dict):
+        return False
+    if not o.body.get("error") or not o.body.get("error_type"):
+        return False
+    if error_type and o.body["error_type"] != error_type:
+        return False
+    return status != 503 or "retry-after" in o.headers

@@ -1,0 +1,86 @@
+"""Fault 1: a Translator replica SIGKILLed in the middle of a batch.
+
+Every caller must get an answer within 10 s of the kill: its records retried once on a
+healthy or restarted replica (HandleClient retries on ActorDiedError), else 503 +
+Retry-After + JSON. Never a hang or a bare 500. The deployment must be back to full
+strength (Serve: HEALTHY, as many RUNNING replicas as before) within 30 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import httpx
+
+from .harness import deployment_replicas, wait_for
+from .helpers import Outcome, cpu_ticks, is_clean_error, post, translation_body
+
+CALLERS = 16
+#: 16 x 4 long records: two full batches of 32, about 1-3 s of model time on one replica here,
+#: so the retried records can finish well inside the 10 s budget.
+RECORDS = 4
+
+
+def test_translator_killed_mid_batch(chaos_run, figures):
+    run = chaos_run
+    status, before = deployment_replicas(run, "Translator")
+    assert status == "HEALTHY", status
+    victim = run.replica_pids("Translator")[0]
+    log_before = len(run.log_tail(10**9))
+
+    async def scenario() -> tuple[float, list[Outcome]]:
+        async with httpx.AsyncClient(base_url=run.url, timeout=60) as client:
+            ticks = cpu_ticks(victim)
+            tasks = [asyncio.create_task(post(client, "/translation", translation_body(RECORDS, i * RECORDS)))
+                     for i in range(CALLERS)]
+            # The event: the victim has burnt 50 ms of CPU on this load, i.e. a batch is computing.
+            while cpu_ticks(victim) - ticks < 5:
+                await asyncio.sleep(0.01)
+            assert not any(t.done() for t in tasks), "requests finished before the kill: make them longer"
+            os.kill(victim, signal.SIGKILL)
+            killed_at = time.monotonic()
+            return killed_at, await asyncio.gather(*tasks)
+
+    async def baseline() -> float:
+        async with httpx.AsyncClient(base_url=run.url, timeout=60) as client:
+            started = time.monotonic()
+            done = await asyncio.gather(*(post(client, "/translation", translation_body(RECORDS, i * RECORDS))
+                                          for i in range(CALLERS)))
+            assert all(o.status == 200 for o in done)
+            return time.monotonic() - started
+
+    baseline_s = asyncio.run(baseline())
+    killed_at, outcomes = asyncio.run(scenario())
+    answered_after_kill = [o.finished - killed_at for o in outcomes]
+    ok = [o for o in outcomes if o.status == 200]
+    unavailable = [o for o in outcomes if o.status == 503]
+    retries = run.log_tail(10**9)[log_before:].count("replica died during translate; retrying once")
+
+    # Back to full strength: Serve reports as many RUNNING replicas as before and HEALTHY.
+    def full_strength():
+        st, states = deployment_replicas(run, "Translator")
+        return st == "HEALTHY" and states.count("RUNNING") >= len(before) and victim not in run.replica_pids("Translator")
+    wait_for(full_strength, 60, "the Translator deployment back to full strength", interval_s=0.2)
+    recovered_s = time.monotonic() - killed_at
+    probe = httpx.post(f"{run.url}/translation", json=translation_body(1), timeout=30)
+
+    figures["replica_kill"] = {
+        "callers": CALLERS, "records_each": RECORDS,
+        "status_counts": {str(s): sum(o.status == s for o in outcomes) for s in {o.status for o in outcomes}},
+        "calls_retried_after_ActorDiedError": retries,
+        "max_answer_after_kill_s": round(max(answered_after_kill), 2),
+        "full_strength_after_kill_s": round(recovered_s, 1),
+        "replicas_before": len(before),
+        "same_load_without_kill_s": round(baseline_s, 2),
+    }
+    print(figures["replica_kill"])
+    assert all(o.status in (200, 503) for o in outcomes), [(o.status, o.error, o.body) for o in outcomes]
+    assert all(is_clean_error(o, 503, "model_unavailable") for o in unavailable)
+    assert max(answered_after_kill) < 10, answered_after_kill
+    assert all(len(o.body["result"]) == RECORDS for o in ok)
+    assert retries >= 1, "no call was retried: the kill did not hit a batch"
+    assert recovered_s < 30, recovered_s
+    assert probe.status_code == 200

@@ -1,0 +1,149 @@
+"""Fault 3: changes and stops under load.
+
+- `serve deploy` of a new Translator `user_config` (max_batch_size): Serve calls
+  `reconfigure()` in place. No replica restarts, no failed request.
+- `serve deploy` of new application args (ingress.model_timeout_s): Serve rolls the Ingress
+  (new replica up, old one drained). Failed requests are counted.
+- SIGTERM / SIGINT to `serve run` under load: what happens to admitted requests is measured
+  (serve run has no graceful SIGTERM path: see docs/reliability.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from .harness import ROOT, ServeRun, dashboard_url, serve_details, wait_for
+from .helpers import steady_load
+
+
+def _deploy(run: ServeRun, config: dict) -> float:
+    """`serve deploy` of `config` to this run's cluster (token auth is on in Ray 2.60)."""
+    path = run.workdir / "deploy.yaml"
+    import yaml
+
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    started = time.monotonic()
+    done = subprocess.run([str(Path(sys.executable).with_name("serve")), "deploy", "-a", dashboard_url(run), str(path)],
+                          cwd=ROOT, env=dict(run.env, RAY_AUTH_MODE="token"), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return time.monotonic() - started
+
+
+def _replica_ids(run: ServeRun, deployment: str) -> set[str]:
+    # While Serve rebuilds an application (new args) its deployments may be missing briefly.
+    d = serve_details(run)["applications"].get("serve-app", {}).get("deployments", {}).get(deployment)
+    return {r["replica_id"] for r in d["replicas"] if r["state"] == "RUNNING"} if d else set()
+
+
+def _under_load(run: ServeRun, change, settled, workers: int = 4) -> tuple[list, float]:
+    """Steady load; `change()` once 10 answers came back; stop 20 answers after `settled()`."""
+    outcomes: list = []
+
+    async def scenario():
+        stop = asyncio.Event()
+        load = asyncio.create_task(steady_load(run.url, stop, outcomes, workers=workers, records=2))
+        while sum(o.status == 200 for o in outcomes) < 10:
+            await asyncio.sleep(0.02)
+        loop = asyncio.get_running_loop()
+        took = await loop.run_in_executor(None, change)
+        await loop.run_in_executor(None, lambda: wait_for(settled, 90, "the change to take effect", 0.2))
+        mark = len(outcomes)
+        while len(outcomes) < mark + 20 and not load.done():
+            await asyncio.sleep(0.05)
+        stop.set()
+        await load
+        return took
+
+    took = asyncio.run(scenario())
+    return outcomes, took
+
+
+def test_user_config_change_under_load_reconfigures_in_place(chaos_run, figures):
+    run = chaos_run
+    pids, ids = set(run.replica_pids("Translator")), _replica_ids(run, "Translator")
+    config = copy.deepcopy(run.config)
+    translator = next(d for d in config["applications"][0]["deployments"] if d["name"] == "Translator")
+    old = translator["user_config"]["max_batch_size"]
+    translator["user_config"]["max_batch_size"] = old // 2
+
+    def applied():
+        cards = httpx.get(f"{run.url}/v1/models", timeout=10).json()["data"]
+        return cards[0]["batching"]["max_batch_size"] == old // 2
+
+    outcomes, took = _under_load(run, lambda: _deploy(run, config), applied)
+    failed = [o for o in outcomes if o.status != 200]
+    figures["user_config_update"] = {"requests": len(outcomes), "failed": len(failed),
+                                     "serve_deploy_s": round(took, 1),
+                                     "translator_replicas_restarted": len(ids - _replica_ids(run, "Translator"))}
+    print(figures["user_config_update"])
+    assert failed == []
+    assert set(run.replica_pids("Translator")) == pids and _replica_ids(run, "Translator") == ids
+    run.config = config  # the run now serves this config
+
+
+def test_app_args_change_rolls_the_ingress_under_load(chaos_run, figures):
+    run = chaos_run
+    ingress_ids = _replica_ids(run, "Ingress")
+    config = copy.deepcopy(run.config)
+    config["applications"][0]["args"].setdefault("ingress", {})["model_timeout_s"] = 45.0
+
+    def rolled():
+        now = _replica_ids(run, "Ingress")
+        return bool(now) and not (now & ingress_ids)
+
+    outcomes, took = _under_load(run, lambda: _deploy(run, config), rolled)
+    failed = [o for o in outcomes if o.status != 200]
+    figures["ingress_rolling_update"] = {
+        "requests": len(outcomes), "failed": len(failed),
+        "failed_as": sorted({str(o.status or o.error) for o in failed}),
+        "serve_deploy_s": round(took, 1), "max_latency_s": round(max(o.seconds for o in outcomes), 2)}
+    print(figures["ingress_rolling_update"])
+    run.config = config
+    assert failed == [], [(o.status, o.error, o.body) for o in failed]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_stopping_serve_run_under_load(own_run, tmp_path, figures, sig):
+    """Measured, not enforced: what admitted requests get when `serve run` itself is stopped."""
+    run = ServeRun(tmp_path / "run")
+    run.start()
+    outcomes: list = []
+    try:
+        async def scenario():
+            stop = asyncio.Event()
+            load = asyncio.create_task(steady_load(run.url, stop, outcomes, workers=8, records=4))
+            while sum(o.status == 200 for o in outcomes) < 10:
+                await asyncio.sleep(0.02)
+            signalled = time.monotonic()
+            os.kill(run.proc.pid, sig)  # the main process only, as `kill PID` or Ctrl-C would
+            await asyncio.get_running_loop().run_in_executor(None, lambda: run.proc.wait(60))
+            exited = time.monotonic() - signalled
+            stop.set()
+            await load
+            return signalled, exited
+
+        signalled, exited = asyncio.run(scenario())
+    finally:
+        run.stop(signal.SIGKILL)
+    in_flight = [o for o in outcomes if o.started < signalled <= o.finished]
+    figures[f"serve_run_{sig.name}"] = {
+        "in_flight_at_signal": len(in_flight),
+        "in_flight_outcomes": {k: sum(1 for o in in_flight if (str(o.status) if o.status else o.error) == k)
+                               for k in {str(o.status) if o.status else o.error for o in in_flight}},
+        "serve_run_exited_after_s": round(exited, 1),
+    }
+    print(figures[f"serve_run_{sig.name}"])
+    assert exited < 60
+    # Whatever happens, no admitted request hangs: each got an answer or a closed connection.
+    assert all(o.finished for o in in_flight)

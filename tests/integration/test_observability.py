@@ -1,0 +1,126 @@
+"""Observability of the running service: one JSON access-log line per request (with Serve's
+request id, also sent back as `x-request-id`), and the app's Prometheus metrics on Ray's
+metrics port moving after requests."""
+
+from __future__ import annotations
+
+import glob
+import json
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+TRANSLATE = {"payload": {"fromLang": "en", "toLang": "pt", "records": [
+    {"id": "a", "text": "Good morning."}, {"id": "b", "text": "See you tomorrow."}]}}
+
+
+def _poll(condition, timeout_s: float, what: str, interval_s: float = 0.5):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(interval_s)
+
+
+@pytest.fixture(scope="module")
+def serve_log(serve_process) -> Path:
+    _, log = serve_process
+    if log is None:
+        pytest.skip("SERVE_APP_TEST_URL: the service's log is not ours to read")
+    return log
+
+
+def _access_lines(log: Path) -> list[dict]:
+    lines = []
+    for line in log.read_text(errors="replace").splitlines():
+        m = re.search(r'(\{"event":"request".*\})\s*$', line)
+        if m:
+            lines.append(json.loads(m.group(1)))
+    return lines
+
+
+def test_one_json_access_log_line_per_request(serve_url, serve_log):
+    with httpx.Client(base_url=serve_url, timeout=60) as http:
+        ok = http.post("/translation", json=TRANSLATE)
+        bad = http.post("/translation", json={"payload": {}})
+    assert ok.status_code == 200 and bad.status_code == 422
+    ids = {ok.headers["x-request-id"]: ok, bad.headers["x-request-id"]: bad}
+    assert all("," not in rid for rid in ids), "x-request-id must be one id"
+
+    def logged():
+        found = {e["request_id"]: e for e in _access_lines(serve_log) if e["request_id"] in ids}
+        return found if len(found) == 2 else None
+
+    found = _poll(logged, 30, "both requests in the access log")
+    assert sum(e["request_id"] in ids for e in _access_lines(serve_log)) == 2  # one line each
+    line = found[ok.headers["x-request-id"]]
+    assert line["route"] == "/translation" and line["status"] == 200 and line["records"] == 2
+    assert line["error_type"] is None and line["latency_ms"] > 0 and line["method"] == "POST"
+    line = found[bad.headers["x-request-id"]]
+    assert line["status"] == 422 and line["error_type"] == "invalid_request"
+
+
+def _metrics_url(log: Path) -> str:
+    """Ray's metrics port of the session's own cluster: the session folder is named after
+    `serve run`'s PID, which is the session id of every replica it started."""
+    m = re.search(r"ServeReplica:serve-app:Ingress pid=(\d+)", log.read_text(errors="replace"))
+    assert m, "no Ingress replica in the serve log"
+    sid = subprocess.run(["ps", "-o", "sid=", "-p", m.group(1)], capture_output=True, text=True).stdout.strip()
+    files = glob.glob(f"/tmp/ray/session_*_{sid}/metrics_export_port_*")
+    assert files, f"no metrics port file for session {sid}"
+    return f"http://127.0.0.1:{Path(files[0]).read_text().strip()}/metrics"
+
+
+def _scrape(url: str) -> dict:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict = {}
+    for family in text_string_to_metric_families(httpx.get(url, timeout=10).text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def _sum(samples: dict, name: str, **labels) -> float:
+    return sum(v for (n, ls), v in samples.items()
+               if n == f"ray_{name}" and all(dict(ls).get(k) == val for k, val in labels.items()))
+
+
+WATCHED = [
+    ("serve_app_requests_total", {"route": "/translation", "status": "200"}),
+    ("serve_app_errors_total", {"route": "/translation", "error_type": "invalid_request"}),
+    ("serve_app_request_seconds_count", {"route": "/translation"}),
+    ("serve_app_records_total", {"deployment": "Translator"}),
+    ("serve_app_records_enqueued_total", {"deployment": "Translator"}),
+    ("serve_app_batch_records_count", {"deployment": "Translator"}),
+    ("serve_app_model_seconds_count", {"deployment": "Translator"}),
+    ("serve_app_queue_wait_seconds_count", {"deployment": "Translator"}),
+    ("serve_app_records_total", {"deployment": "Embedder"}),
+]
+
+
+def test_metrics_move_after_requests(serve_url, serve_log):
+    url = _metrics_url(serve_log)
+    before = _scrape(url)
+    with httpx.Client(base_url=serve_url, timeout=60) as http:
+        for _ in range(3):
+            assert http.post("/translation", json=TRANSLATE).status_code == 200
+        assert http.post("/translation", json={"payload": {}}).status_code == 422
+        assert http.post("/embeddings", json={"input": ["one", "two"]}).status_code == 200
+
+    def moved():
+        now = _scrape(url)
+        return now if all(_sum(now, n, **l) > _sum(before, n, **l) for n, l in WATCHED) else None
+
+    # Replicas push metrics to Ray's agent every 10 s by default.
+    now = _poll(moved, 60, "every serve_app metric to move", interval_s=1)
+    assert _sum(now, "serve_app_records_total", deployment="Translator") - \
+        _sum(before, "serve_app_records_total", deployment="Translator") >= 6
+    assert _sum(now, "serve_app_request_seconds_bucket", route="/translation", le="+Inf") >= 3

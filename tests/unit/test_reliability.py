@@ -1,0 +1,305 @@
+"""Reliability and security behaviour of the ingress without Ray: API keys, CORS, deadlines,
+input cleaning, access log and metrics tallies, replica-death retries, failed deployments."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+import pytest
+from fastapi.testclient import TestClient
+
+from serve_app import api
+from serve_app.api import app, set_service
+from serve_app.clients import HandleClient
+from serve_app.errors import ModelUnavailable
+from serve_app.middleware import key_matches, presented_key
+from serve_app.service import summarise_failure
+from serve_app.settings import load_settings
+
+from .fakes import FakeEmbedder, FakeTranslator, install
+
+BODY = {"payload": {"fromLang": "en", "toLang": "pt", "records": [{"id": "1", "text": "hi"}]}}
+
+
+@pytest.fixture
+def client():
+    with TestClient(app, raise_server_exceptions=False) as c:
+        yield c
+    set_service(None)
+
+
+def assert_error(resp, status, error_type):
+    assert resp.status_code == status, resp.text
+    assert resp.json()["error_type"] == error_type and resp.json()["error"]
+
+
+# --- API keys --------------------------------------------------------------------------------
+
+def test_auth_is_off_by_default(client):
+    install()
+    assert client.post("/translation", json=BODY).status_code == 200
+
+
+@pytest.mark.parametrize("headers, status, error_type", [
+    ({}, 401, "unauthorized"),
+    ({"Authorization": "Bearer wrong"}, 403, "forbidden"),
+    ({"X-API-Key": "wrong"}, 403, "forbidden"),
+    ({"Authorization": "Basic c2VjcmV0"}, 401, "unauthorized"),
+    ({"Authorization": "Bearer k2"}, 200, None),
+    ({"authorization": "bearer k1"}, 200, None),
+    ({"X-API-Key": "k1"}, 200, None),
+])
+def test_api_keys(client, headers, status, error_type):
+    install(ingress={"api_keys": "k1, k2"})
+    resp = client.post("/translation", json=BODY, headers=headers)
+    if error_type:
+        assert_error(resp, status, error_type)
+        if status == 401:
+            assert resp.headers["WWW-Authenticate"].startswith("Bearer")
+        assert "k1" not in resp.text
+    else:
+        assert resp.status_code == 200
+
+
+def test_probes_and_docs_stay_open_with_auth_on(client):
+    install(ingress={"api_keys": "k1"})
+    for path in ("/healthz", "/readyz", "/openapi.json", "/docs"):
+        assert client.get(path).status_code == 200, path
+    assert_error(client.get("/v1/models"), 401, "unauthorized")
+    assert_error(client.post("/embeddings", json={"input": "x"}), 401, "unauthorized")
+
+
+def test_api_keys_from_the_environment(monkeypatch):
+    monkeypatch.setenv("SERVE_APP_INGRESS_API_KEYS", "a,b")
+    settings = load_settings({})
+    assert settings.ingress.api_key_list() == ["a", "b"]
+    assert "a,b" not in repr(settings.ingress) and "a,b" not in str(settings.model_dump())
+
+
+def test_key_compare_and_extraction():
+    assert key_matches("k2", ["k1", "k2"]) and not key_matches("k", ["k1", "k2"])
+    assert presented_key({"headers": [(b"authorization", b"Bearer  tok ")]}) == "tok"
+    assert presented_key({"headers": [(b"x-api-key", b"tok")]}) == "tok"
+    assert presented_key({"headers": []}) is None
+
+
+# --- CORS ----------------------------------------------------------------------------------------
+
+def test_cors_is_off_unless_configured(client):
+    install()
+    resp = client.options("/translation", headers={"Origin": "https://evil.example",
+                                                   "Access-Control-Request-Method": "POST"})
+    assert "access-control-allow-origin" not in resp.headers
+    resp = client.post("/translation", json=BODY, headers={"Origin": "https://evil.example"})
+    assert "access-control-allow-origin" not in resp.headers
+
+
+def test_cors_allows_only_configured_origins(client):
+    install(ingress={"cors_origins": "https://app.example", "api_keys": "k1"})
+    pre = client.options("/translation", headers={"Origin": "https://app.example",
+                                                  "Access-Control-Request-Method": "POST",
+                                                  "Access-Control-Request-Headers": "authorization,content-type"})
+    assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] == "https://app.example"
+    resp = client.post("/translation", json=BODY, headers={"Origin": "https://app.example", "X-API-Key": "k1"})
+    assert resp.headers["access-control-allow-origin"] == "https://app.example"
+    other = client.options("/translation", headers={"Origin": "https://evil.example",
+                                                    "Access-Control-Request-Method": "POST"})
+    assert other.headers.get("access-control-allow-origin") != "https://evil.example"
+
+
+# --- deadlines -----------------------------------------------------------------------------------
+
+def test_deadline_header_gives_504_promptly_and_cancels(client):
+    translator, _ = install(FakeTranslator(delay_s=5))
+    resp = client.post("/translation", json=BODY, headers={"X-Request-Timeout-Ms": "100"})
+    assert_error(resp, 504, "timeout")
+    assert "0.1 s" in resp.json()["error"]
+    assert translator.cancelled == 1
+
+
+def test_deadline_header_is_capped_by_model_timeout(client):
+    install(FakeTranslator(delay_s=5), ingress={"model_timeout_s": 0.2})
+    resp = client.post("/translation", json=BODY, headers={"X-Request-Timeout-Ms": "600000"})
+    assert_error(resp, 504, "timeout")
+    assert "0.2 s" in resp.json()["error"]
+
+
+@pytest.mark.parametrize("value", ["soon", "0", "-1", "1.5"])
+def test_bad_deadline_header_is_422(client, value):
+    install()
+    assert_error(client.post("/translation", json=BODY, headers={"X-Request-Timeout-Ms": value}),
+                 422, "invalid_request")
+
+
+def test_deadline_applies_to_embeddings(client):
+    class Slow(FakeEmbedder):
+        async def call(self, method, *args):
+            if method == "embed":
+                await asyncio.sleep(5)
+            return await super().call(method, *args)
+
+    install(embedder=Slow())
+    assert_error(client.post("/embeddings", json={"input": "x"}, headers={"X-Request-Timeout-Ms": "50"}),
+                 504, "timeout")
+
+
+# --- what reaches the model ---------------------------------------------------------------------
+
+def test_control_characters_and_surrogates_never_reach_the_model(client):
+    translator, embedder = install()
+    raw = ('{"payload": {"fromLang": "en", "toLang": "pt", "records": ['
+           '{"id": "1", "text": "a\\u0000b\\u001b[31mc\\ud800d\\te"}]}}')
+    resp = client.post("/translation", content=raw, headers={"content-type": "application/json"})
+    assert resp.status_code == 200, resp.text
+    assert translator.calls[0].texts == ["a b [31mc\ufffdd\te"]
+    assert client.post("/embeddings", json={"input": ["x\u0000y"]}).status_code == 200
+    assert embedder.calls[0] == ["x y"]
+
+
+# --- access log, metrics, request id ----------------------------------------------------------------
+
+def test_one_json_access_log_line_per_request(client, caplog):
+    install()
+    caplog.set_level(logging.INFO, logger="ray.serve.serve_app.access")
+    ok = client.post("/translation", json=BODY)
+    bad = client.post("/translation", json={"payload": {}})
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "ray.serve.serve_app.access"]
+    assert len(lines) == 2
+    assert lines[0]["request_id"] == ok.headers["x-request-id"]
+    assert lines[0]["route"] == "/translation" and lines[0]["status"] == 200 and lines[0]["records"] == 1
+    assert lines[0]["error_type"] is None and lines[0]["latency_ms"] >= 0
+    assert lines[1]["request_id"] == bad.headers["x-request-id"] and lines[1]["error_type"] == "invalid_request"
+
+
+def test_access_log_can_be_turned_off_and_counts_continue(client, caplog):
+    install(ingress={"access_log": False})
+    caplog.set_level(logging.INFO, logger="ray.serve.serve_app.access")
+    before = api.recorder.errors[("/translation", "payload_too_large")]
+    client.post("/translation", content=b"x" * 5_000_000, headers={"content-type": "application/json"})
+    assert not [r for r in caplog.records if r.name == "ray.serve.serve_app.access"]
+    assert api.recorder.errors[("/translation", "payload_too_large")] == before + 1
+
+
+def test_proxy_request_id_is_kept(client, caplog):
+    install()
+    caplog.set_level(logging.INFO, logger="ray.serve.serve_app.access")
+    resp = client.post("/translation", json=BODY, headers={"x-request-id": "proxy-id-1"})
+    assert "x-request-id" not in resp.headers or resp.headers["x-request-id"] == "proxy-id-1"
+    assert json.loads(caplog.records[-1].getMessage())["request_id"] == "proxy-id-1"
+
+
+def test_errors_are_tallied_by_type_and_route(client):
+    install(FakeTranslator(fail=ModelUnavailable("gone", retry_after_s=2)), ingress={"api_keys": "k"})
+    before = dict(api.recorder.errors)
+    client.post("/translation", json=BODY)
+    client.post("/translation", json=BODY, headers={"X-API-Key": "k"})
+    assert client.get("/nope").status_code == 401  # unknown paths need a key too: no route probing
+    client.get("/nope", headers={"X-API-Key": "k"})
+    after = api.recorder.errors
+    assert after[("/translation", "unauthorized")] == before.get(("/translation", "unauthorized"), 0) + 1
+    assert after[("/translation", "model_unavailable")] == before.get(("/translation", "model_unavailable"), 0) + 1
+    assert after[("other", "not_found")] == before.get(("other", "not_found"), 0) + 1
+
+
+# --- replica death: HandleClient against Ray's real exception types ---------------------------------
+
+class _Response:
+    def __init__(self, outcome):
+        self.outcome = outcome
+        self.cancelled = False
+
+    def __await__(self):
+        return self._run().__await__()
+
+    async def _run(self):
+        if isinstance(self.outcome, float):
+            await asyncio.sleep(self.outcome)
+            return "late"
+        if isinstance(self.outcome, BaseException):
+            raise self.outcome
+        return self.outcome
+
+    def cancel(self):
+        self.cancelled = True
+
+
+class _Handle:
+    def __init__(self, outcomes):
+        self.outcomes = list(outcomes)
+        self.sent: list[_Response] = []
+
+    def options(self, method_name):
+        return self
+
+    def remote(self, *args):
+        self.sent.append(_Response(self.outcomes.pop(0)))
+        return self.sent[-1]
+
+
+def _died():
+    from ray.exceptions import ActorDiedError
+
+    return ActorDiedError()
+
+
+def test_call_is_retried_once_after_replica_death():
+    handle = _Handle([_died(), "answer"])
+    client = HandleClient("Translator", handle)
+    assert asyncio.run(client.call("translate", "x")) == "answer"
+    assert client.retried == 1 and len(handle.sent) == 2
+
+
+def test_second_death_is_503_with_retry_after():
+    client = HandleClient("Translator", _Handle([_died(), _died()]), retry_after_s=3)
+    with pytest.raises(ModelUnavailable) as info:
+        asyncio.run(client.call("translate", "x"))
+    assert info.value.retry_after_s == 3 and info.value.status_code == 503
+
+
+def test_retry_waits_bounded_time_then_503():
+    handle = _Handle([_died(), 30.0])
+    client = HandleClient("Translator", handle, retry_timeout_s=0.1)
+    with pytest.raises(ModelUnavailable):
+        asyncio.run(client.call("translate", "x"))
+    assert handle.sent[1].cancelled and client.retries_failed == 1
+
+
+def test_actor_unavailable_is_retried_too():
+    from ray.exceptions import ActorUnavailableError
+
+    handle = _Handle([ActorUnavailableError("net", b"\x00" * 16), "ok"])
+    assert asyncio.run(HandleClient("Translator", handle).call("translate", "x")) == "ok"
+
+
+# --- a deployment Serve gave up on ---------------------------------------------------------------
+
+SERVE_MESSAGE = (
+    "The deployment failed to start 3 times in a row. This may be due to a problem with its constructor or "
+    "initial health check failing. See controller logs for details. Error:\n\x1b[36mray::ServeReplica:serve-app:"
+    "Embedder.initialize_and_get_metadata()\x1b[39m (pid=1)\n  File \"x.py\", line 1, in f\n"
+    "deployments.backends.base.ModelLoadError: embedding model folder not found: /models/minilm")
+
+
+def test_failure_summary_keeps_the_cause_and_path():
+    summary = summarise_failure(SERVE_MESSAGE)
+    assert summary.endswith("Cause: ModelLoadError: embedding model folder not found: /models/minilm")
+    assert "\x1b" not in summary and "pid=" not in summary
+
+
+def test_readyz_names_a_failed_deployment_and_its_path(client, caplog):
+    class Failed(FakeEmbedder):
+        async def deployment_status(self):
+            return "DEPLOY_FAILED", SERVE_MESSAGE
+
+    install(embedder=Failed(never_ready=True), ingress={"readiness_timeout_s": 0.1})
+    caplog.set_level(logging.ERROR, logger="serve_app")
+    for _ in range(2):
+        resp = client.get("/readyz")
+        assert_error(resp, 503, "not_ready")
+    state = resp.json()["models"]["Embedder"]
+    assert state.startswith("failed: DEPLOY_FAILED") and "/models/minilm" in state
+    assert resp.json()["models"]["Translator"] == "ready"
+    logged = [r for r in caplog.records if "/models/minilm" in r.getMessage()]
+    assert len(logged) == 1  # logged once, not on every probe
