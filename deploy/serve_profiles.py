@@ -75,11 +75,13 @@ BASE_ARGS: dict[str, Any] = {
 #: rather than queue them unboundedly in the proxy, where no one sheds.
 INGRESS_LIMITS: dict[str, Any] = {
     "max_ongoing_requests": Why(
-        96, "ingress.max_inflight_requests (64) + room for /healthz, /readyz and fast rejections."),
+        1024, "Far above ingress.max_inflight_requests (64): the ingress answers the excess with the "
+        "project's JSON 503 before reading bodies, which costs little; Serve's own shedding "
+        "(plain-text body) must stay a last resort."),
     "max_queued_requests": Why(
-        32, "Bounded proxy queue in front of a saturated ingress; past it Serve itself sheds."),
+        256, "Bounded proxy queue for when even 1024 are held; past it Serve sheds by itself."),
     "backpressure_config": {
-        "status_code": Why(503, "Serve's own last-resort shedding (plain-text body), same status as ours."),
+        "status_code": Why(503, "Serve's last-resort shedding answers with the same status as ours."),
         "retry_after_s": Why(2, "= ingress.retry_after_s."),
     },
 }
