@@ -57,3 +57,14 @@ MODEL_MAX_ONGOING_REQUESTS = 128
 #: Calls waiting for a replica beyond max_ongoing_requests; past this the
 #: caller is told to back off (503 + Retry-After) instead of queueing forever.
 MODEL_MAX_QUEUED_REQUESTS = 256
+
+
+def model_deployment_options(name: str, batch: BatchConfig) -> dict:
+    """`@serve.deployment` options shared by the model deployments (serve_config.yaml overrides them)."""
+    return {
+        "name": name,
+        "max_ongoing_requests": MODEL_MAX_ONGOING_REQUESTS,
+        "max_queued_requests": MODEL_MAX_QUEUED_REQUESTS,
+        "user_config": batch.model_dump(),
+        "ray_actor_options": {"num_cpus": 1},
+    }

@@ -10,7 +10,7 @@ from ray import serve
 
 from serve_app.settings import EmbeddingSettings
 
-from ._config import EMBEDDER_BATCH, MODEL_MAX_ONGOING_REQUESTS, MODEL_MAX_QUEUED_REQUESTS
+from ._config import EMBEDDER_BATCH, model_deployment_options
 from ._replica import ModelReplica, cpu_share, threads_for_share
 from .backends.embedding import SentenceEmbedder
 from .batching import count_records, split
@@ -18,13 +18,7 @@ from .batching import count_records, split
 logger = logging.getLogger("ray.serve")
 
 
-@serve.deployment(
-    name="Embedder",
-    max_ongoing_requests=MODEL_MAX_ONGOING_REQUESTS,
-    max_queued_requests=MODEL_MAX_QUEUED_REQUESTS,
-    user_config=EMBEDDER_BATCH.model_dump(),
-    ray_actor_options={"num_cpus": 1},
-)
+@serve.deployment(**model_deployment_options("Embedder", EMBEDDER_BATCH))
 class Embedder(ModelReplica):
     deployment_name = "Embedder"
     default_batch = EMBEDDER_BATCH

@@ -9,7 +9,7 @@ from ray import serve
 
 from serve_app.settings import TranslationSettings
 
-from ._config import MODEL_MAX_ONGOING_REQUESTS, MODEL_MAX_QUEUED_REQUESTS, TRANSLATOR_BATCH
+from ._config import TRANSLATOR_BATCH, model_deployment_options
 from ._replica import ModelReplica, cpu_share, threads_for_share
 from .backends import load_translation_backend
 from .batching import Chunk, count_records, run_grouped, split
@@ -17,13 +17,7 @@ from .batching import Chunk, count_records, run_grouped, split
 logger = logging.getLogger("ray.serve")
 
 
-@serve.deployment(
-    name="Translator",
-    max_ongoing_requests=MODEL_MAX_ONGOING_REQUESTS,
-    max_queued_requests=MODEL_MAX_QUEUED_REQUESTS,
-    user_config=TRANSLATOR_BATCH.model_dump(),
-    ray_actor_options={"num_cpus": 1},
-)
+@serve.deployment(**model_deployment_options("Translator", TRANSLATOR_BATCH))
 class Translator(ModelReplica):
     deployment_name = "Translator"
     default_batch = TRANSLATOR_BATCH
