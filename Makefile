@@ -27,14 +27,16 @@ $(VENV)/.installed-test: $(VENV)/.installed
 install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
 
-## Serve on 127.0.0.1:$(PORT) with the embedded models (Ctrl-C stops it).
+## Serve on 127.0.0.1:$(PORT) with the embedded models. Ctrl-C (or SIGTERM) stops it
+## gracefully: new requests get 503 + Retry-After, admitted ones finish, then Serve stops.
+## `serve run serve_config.yaml` works too, but stops without draining.
 run: install
 ifeq ($(PORT),9527)
 	$(BIN)/python -m serve_app.config_check serve_config.yaml
-	$(BIN)/serve run serve_config.yaml
+	$(BIN)/python -m serve_app.run serve_config.yaml
 else
 	$(BIN)/python -m serve_app.config_check serve_config.yaml --port $(PORT) --write .build/serve_config.yaml
-	$(BIN)/serve run .build/serve_config.yaml
+	$(BIN)/python -m serve_app.run .build/serve_config.yaml
 endif
 
 ## The whole suite: unit tests (no Ray), then integration tests (one Serve instance).

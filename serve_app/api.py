@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse
 
 from . import __version__
 from .errors import ERROR_TYPE_SCOPE_KEY, NotReady, install_error_handlers
+from . import middleware
 from .middleware import AdmissionControl, ApiKeyAuth, BodySizeLimit, LazyCORS, RequestObserver
 from .observability import RECORDS_SCOPE_KEY, RequestRecorder
 from .schemas import (
@@ -137,6 +138,8 @@ def create_app() -> FastAPI:
         """200 only when every model deployment has loaded and warmed up its model; 503 with each
         model's state otherwise (`failed: ...` quotes Serve's reason when a deployment failed)."""
         states = await service.readiness()
+        if middleware.DRAIN.draining:  # via the module: this route is pickled by value
+            states = {name: "draining (the service is stopping)" for name in states}
         if all(s == "ready" for s in states.values()):
             return HealthResponse(status="ready", models=states)
         failed = any(s.startswith("failed") for s in states.values())

@@ -106,6 +106,13 @@ class ModelUnavailable(ServeAppError):
     error_type = "model_unavailable"
 
 
+class ShuttingDown(ServeAppError):
+    """The ingress is draining before a stop; another replica (or a restart) will answer."""
+
+    status_code = 503
+    error_type = "shutting_down"
+
+
 class NotReady(ServeAppError):
     status_code = 503
     error_type = "not_ready"

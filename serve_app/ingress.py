@@ -7,6 +7,7 @@ import logging
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
+from . import middleware
 from .api import app, set_service
 from .clients import HandleClient
 from .service import Service
@@ -37,3 +38,12 @@ class Ingress:
             embedder=HandleClient("Embedder", embedder, retry_after_s=retry, retry_timeout_s=retry_timeout),
         ))
         logger.info("Ingress ready with limits %s", self.settings.ingress.model_dump())
+
+    async def drain(self, timeout_s: float = 30.0) -> dict:
+        """Stop admitting model requests (503 `shutting_down` + Retry-After, /readyz 503) and
+        wait up to `timeout_s` for the admitted ones to finish. `python -m serve_app.run`
+        calls this on Ctrl-C / SIGTERM before it shuts Serve down."""
+        # Through the module: this class is pickled by value, a global would be a copy.
+        result = await middleware.DRAIN.drain(timeout_s)
+        logger.info("Ingress drained: %s", result)
+        return result

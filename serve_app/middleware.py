@@ -9,7 +9,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
-from .errors import ERROR_TYPE_SCOPE_KEY, Forbidden, Overloaded, PayloadTooLarge, Unauthorized
+from .errors import ERROR_TYPE_SCOPE_KEY, Forbidden, Overloaded, PayloadTooLarge, ShuttingDown, Unauthorized
 
 if TYPE_CHECKING:  # pragma: no cover
     from .observability import RequestRecorder
@@ -82,13 +82,22 @@ class AdmissionControl:
         self.limit = limit
         self.retry_after_s = retry_after_s
         self.paths = paths
-        self.in_flight = 0
         self.shed = 0
+
+    @property
+    def in_flight(self) -> int:
+        return DRAIN.in_flight
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope.get("path") not in self.paths:
             return await self.app(scope, receive, send)
-        if self.in_flight >= self.limit():
+        if DRAIN.draining:
+            retry = self.retry_after_s()
+            response = ShuttingDown(
+                f"The service is shutting down; retry after {retry} s.", retry_after_s=retry
+            ).to_response(scope)
+            return await response(scope, receive, send)
+        if DRAIN.in_flight >= self.limit():
             self.shed += 1
             retry = self.retry_after_s()
             response = Overloaded(
@@ -96,11 +105,40 @@ class AdmissionControl:
                 retry_after_s=retry,
             ).to_response(scope)
             return await response(scope, receive, send)
-        self.in_flight += 1
+        DRAIN.in_flight += 1
         try:
             await self.app(scope, receive, send)
         finally:
-            self.in_flight -= 1
+            DRAIN.in_flight -= 1
+
+
+class DrainState:
+    """Model requests in flight on this ingress replica, and whether it is draining.
+
+    Module-level (not on the middleware instance) so that `Ingress.drain()` sees the
+    same counter the middleware keeps: Serve pickles the app, but this module is
+    imported, not copied, in the replica.
+    """
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.draining = False
+
+    async def drain(self, timeout_s: float, poll_s: float = 0.05) -> dict:
+        """Refuse new model requests (503 shutting_down) and wait for admitted ones to finish."""
+        import asyncio
+        import time
+
+        self.draining = True
+        start = time.monotonic()
+        at_start = self.in_flight
+        while self.in_flight > 0 and time.monotonic() - start < timeout_s:
+            await asyncio.sleep(poll_s)
+        return {"in_flight_at_start": at_start, "in_flight_left": self.in_flight,
+                "waited_s": round(time.monotonic() - start, 3)}
+
+
+DRAIN = DrainState()
 
 
 # --- authentication, CORS -----------------------------------------------------------------

@@ -65,6 +65,8 @@ class ServeRun:
                         # Replicas push metrics to Ray's agent every second, not every 10 s.
                         RAY_metrics_report_interval_ms="1000", **(env or {}))
         self.proc: Optional[subprocess.Popen] = None
+        #: `serve run` (what the integration tests use), or the `make run` launcher
+        self.command = [str(Path(sys.executable).with_name("serve")), "run"]
 
     def _config(self, args: dict, deployments: dict[str, dict]) -> dict:
         config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
@@ -84,7 +86,7 @@ class ServeRun:
         self.write_config()
         with open(self.log_path, "ab") as out:
             self.proc = subprocess.Popen(
-                [str(Path(sys.executable).with_name("serve")), "run", str(self.config_path)],
+                [*self.command, str(self.config_path)],
                 cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )
         start = time.monotonic()

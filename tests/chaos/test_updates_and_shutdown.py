@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from .harness import ROOT, ServeRun, dashboard_url, serve_details, wait_for
-from .helpers import steady_load
+from .helpers import is_clean_error, steady_load
 
 
 def _deploy(run: ServeRun, config: dict) -> float:
@@ -147,3 +147,43 @@ def test_stopping_serve_run_under_load(own_run, tmp_path, figures, sig):
     assert exited < 60
     # Whatever happens, no admitted request hangs: each got an answer or a closed connection.
     assert all(o.finished for o in in_flight)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_make_run_launcher_stops_gracefully_under_load(own_run, tmp_path, figures, sig):
+    """`make run` (python -m serve_app.run): on Ctrl-C / SIGTERM it drains the ingress first,
+    so every request in flight at the signal is answered: 200, or 503 `shutting_down` with
+    Retry-After if it had not reached the ingress yet. None loses its connection."""
+    run = ServeRun(tmp_path / "launcher")
+    run.command = [sys.executable, "-m", "serve_app.run"]
+    run.start()
+    outcomes: list = []
+    try:
+        async def scenario():
+            stop = asyncio.Event()
+            load = asyncio.create_task(steady_load(run.url, stop, outcomes, workers=8, records=4))
+            while sum(o.status == 200 for o in outcomes) < 10:
+                await asyncio.sleep(0.02)
+            signalled = time.monotonic()
+            os.kill(run.proc.pid, sig)  # the launcher only, as Ctrl-C in its terminal or `kill PID`
+            await asyncio.get_running_loop().run_in_executor(None, lambda: run.proc.wait(90))
+            exited = time.monotonic() - signalled
+            stop.set()
+            await load
+            return signalled, exited
+
+        signalled, exited = asyncio.run(scenario())
+    finally:
+        run.stop(signal.SIGKILL)
+    in_flight = [o for o in outcomes if o.started < signalled <= o.finished]
+    kinds = {}
+    for o in in_flight:
+        key = str(o.status) if o.status else o.error
+        kinds[key] = kinds.get(key, 0) + 1
+    figures[f"launcher_{sig.name}"] = {"in_flight_at_signal": len(in_flight), "in_flight_outcomes": kinds,
+                                      "exited_after_s": round(exited, 1)}
+    print(figures[f"launcher_{sig.name}"])
+    assert exited < 90
+    assert in_flight, "no request was in flight at the signal: the test proved nothing"
+    assert all(o.status == 200 or is_clean_error(o, 503, "shutting_down") for o in in_flight), kinds
+    assert sum(o.status == 200 for o in in_flight) >= 1

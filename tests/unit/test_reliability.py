@@ -303,3 +303,47 @@ def test_readyz_names_a_failed_deployment_and_its_path(client, caplog):
     assert resp.json()["models"]["Translator"] == "ready"
     logged = [r for r in caplog.records if "/models/minilm" in r.getMessage()]
     assert len(logged) == 1  # logged once, not on every probe
+
+
+
+def test_drain_refuses_new_requests_and_waits_for_admitted_ones():
+    import asyncio
+
+    from fastapi.testclient import TestClient
+
+    from serve_app import middleware
+    from serve_app.api import app, set_service
+
+    from .fakes import FakeTranslator, install
+
+    async def scenario():
+        state = middleware.DrainState()
+        state.in_flight = 2
+
+        async def finish_later():
+            await asyncio.sleep(0.1)
+            state.in_flight = 0
+
+        task = asyncio.create_task(finish_later())
+        result = await state.drain(timeout_s=5, poll_s=0.01)
+        await task
+        return state, result
+
+    state, result = asyncio.run(scenario())
+    assert state.draining and result["in_flight_at_start"] == 2 and result["in_flight_left"] == 0
+    assert 0.05 <= result["waited_s"] < 2
+
+    install(FakeTranslator())
+    middleware.DRAIN.draining = True
+    try:
+        with TestClient(app, raise_server_exceptions=False) as client:
+            resp = client.post("/translation", json={"payload": {"fromLang": "en", "toLang": "pt",
+                                                                 "records": [{"id": "1", "text": "hi"}]}})
+            assert resp.status_code == 503 and resp.json()["error_type"] == "shutting_down"
+            assert "Retry-After" in resp.headers
+            ready = client.get("/readyz")
+            assert ready.status_code == 503 and "draining" in str(ready.json()["models"])
+            assert client.get("/healthz").status_code == 200
+    finally:
+        middleware.DRAIN.draining = False
+        set_service(None)

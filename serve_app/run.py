@@ -1,0 +1,88 @@
+"""`python -m serve_app.run serve_config.yaml`: `serve run`, plus a graceful stop.
+
+`serve run` on Ctrl-C or SIGTERM shuts Serve down at once: the proxy and the replicas
+stop together and requests in flight lose their connection (measured: 5 of 8 in flight
+cut off on SIGTERM, 8 of 8 on SIGINT). This launcher starts the local Ray cluster
+itself, runs `serve run --address <it>` as a child (same config, same logs), and on
+Ctrl-C / SIGTERM first drains each application's Ingress (new model requests get
+`503 shutting_down` + Retry-After, /readyz turns 503, admitted requests finish, up to
+--drain-timeout-s), then shuts Serve and Ray down. `make run` uses it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import yaml
+
+
+def _app_names(config_path: str) -> list[str]:
+    with open(config_path, encoding="utf-8") as f:
+        config = yaml.safe_load(f) or {}
+    return [app.get("name", "default") for app in config.get("applications") or []]
+
+
+def _drain(app_names: list[str], timeout_s: float) -> None:
+    from ray import serve
+
+    for name in app_names:
+        try:
+            handle = serve.get_deployment_handle("Ingress", app_name=name)
+            result = handle.drain.remote(timeout_s).result(timeout_s=timeout_s + 10)
+            print(f"serve-app: drained {name!r}: {result}", flush=True)
+        except Exception as exc:  # a failed drain must not prevent the shutdown
+            print(f"serve-app: could not drain {name!r} ({exc!r}); stopping anyway", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("config", help="Serve config YAML (as for `serve run`)")
+    parser.add_argument("--drain-timeout-s", type=float,
+                        default=float(os.environ.get("SERVE_APP_DRAIN_TIMEOUT_S", "30")),
+                        help="longest wait for admitted requests on stop (env SERVE_APP_DRAIN_TIMEOUT_S)")
+    ns = parser.parse_args(argv)
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+    import ray
+    from ray import serve
+
+    ray.init(namespace="serve", logging_level="WARNING", log_to_driver=False)
+    stop = threading.Event()
+    # After ray.init, which installs its own SIGTERM handler for the driver.
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+
+    serve_bin = str(Path(sys.executable).with_name("serve"))
+    env = dict(os.environ, RAY_AUTH_MODE=os.environ.get("RAY_AUTH_MODE", "token"))
+    child = subprocess.Popen(
+        [serve_bin, "run", ns.config, "--address", ray.get_runtime_context().gcs_address],
+        env=env, start_new_session=True,  # Ctrl-C reaches this launcher only; it decides the order
+    )
+    while not stop.is_set() and child.poll() is None:
+        stop.wait(0.5)
+    code = child.poll()
+    if code is None:
+        print("serve-app: stopping: draining in-flight requests first", flush=True)
+        _drain(_app_names(ns.config), ns.drain_timeout_s)
+    try:
+        serve.shutdown()
+    finally:
+        if child.poll() is None:
+            child.terminate()
+            try:
+                child.wait(30)
+            except subprocess.TimeoutExpired:
+                child.kill()
+        ray.shutdown()
+    print("serve-app: stopped", flush=True)
+    return 0 if code in (None, 0) else code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
