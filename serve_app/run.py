@@ -22,6 +22,14 @@ from pathlib import Path
 import yaml
 
 
+def _say(message: str) -> None:
+    """Print, but never let a closed stdout (a pipe whose reader got Ctrl-C too) stop the shutdown."""
+    try:
+        print(message, flush=True)
+    except (BrokenPipeError, OSError, ValueError):
+        pass
+
+
 def _app_names(config_path: str) -> list[str]:
     with open(config_path, encoding="utf-8") as f:
         config = yaml.safe_load(f) or {}
@@ -35,9 +43,9 @@ def _drain(app_names: list[str], timeout_s: float) -> None:
         try:
             handle = serve.get_deployment_handle("Ingress", app_name=name)
             result = handle.drain.remote(timeout_s).result(timeout_s=timeout_s + 10)
-            print(f"serve-app: drained {name!r}: {result}", flush=True)
+            _say(f"serve-app: drained {name!r}: {result}")
         except Exception as exc:  # a failed drain must not prevent the shutdown
-            print(f"serve-app: could not drain {name!r} ({exc!r}); stopping anyway", flush=True)
+            _say(f"serve-app: could not drain {name!r} ({exc!r}); stopping anyway")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         stop.wait(0.5)
     code = child.poll()
     if code is None:
-        print("serve-app: stopping: draining in-flight requests first", flush=True)
+        _say("serve-app: stopping: draining in-flight requests first")
         _drain(_app_names(ns.config), ns.drain_timeout_s)
     try:
         serve.shutdown()
@@ -80,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
             except subprocess.TimeoutExpired:
                 child.kill()
         ray.shutdown()
-    print("serve-app: stopped", flush=True)
+    _say("serve-app: stopped")
     return 0 if code in (None, 0) else code
 
 
