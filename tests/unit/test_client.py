@@ -1,0 +1,106 @@
+"""serve_app.client against a mock transport: what is retried, what is raised."""
+
+import asyncio
+
+import httpx
+import pytest
+
+from serve_app.client import AsyncClient, Client, RetryPolicy, ServeAppHTTPError
+
+NO_WAIT = RetryPolicy(max_retries=3, default_wait_s=0.0, max_retry_wait_s=0.0)
+
+
+def translation_ok(request: httpx.Request) -> httpx.Response:
+    import json
+    records = json.loads(request.content)["payload"]["records"]
+    return httpx.Response(200, json={"result": [{"id": r["id"], "text": r["text"].upper()} for r in records]})
+
+
+def overloaded(retry_after="1"):
+    return httpx.Response(503, headers={"Retry-After": retry_after},
+                          json={"error": "at capacity", "error_type": "overloaded"})
+
+
+def scripted(*responses):
+    calls = []
+
+    def handler(request):
+        calls.append(request)
+        step = responses[min(len(calls) - 1, len(responses) - 1)]
+        if isinstance(step, Exception):
+            raise step
+        return step(request) if callable(step) else step
+
+    return handler, calls
+
+
+def test_503_is_retried_after_retry_after_then_succeeds():
+    handler, calls = scripted(overloaded(), overloaded(), translation_ok)
+    with Client(transport=httpx.MockTransport(handler), retry=NO_WAIT) as client:
+        assert client.translate(["a", "b"], source="en", target="pt") == ["A", "B"]
+    assert len(calls) == 3
+
+
+def test_503_beyond_max_retries_raises_with_the_error_type():
+    handler, calls = scripted(overloaded())
+    with Client(transport=httpx.MockTransport(handler), retry=NO_WAIT) as client:
+        with pytest.raises(ServeAppHTTPError) as err:
+            client.translate(["a"], source="en", target="pt")
+    assert err.value.status_code == 503 and err.value.error_type == "overloaded" and err.value.retry_after_s == 1
+    assert len(calls) == 4  # 1 + 3 retries
+
+
+@pytest.mark.parametrize("status, error_type", [(400, "unsupported_language_pair"), (422, "invalid_request"),
+                                                (413, "payload_too_large"), (504, "timeout")])
+def test_client_errors_are_not_retried(status, error_type):
+    handler, calls = scripted(httpx.Response(status, json={"error": "no", "error_type": error_type}))
+    with Client(transport=httpx.MockTransport(handler), retry=NO_WAIT) as client:
+        with pytest.raises(ServeAppHTTPError, match=error_type):
+            client.translate(["a"], source="en", target="de")
+    assert len(calls) == 1
+
+
+def test_connection_errors_are_retried():
+    handler, calls = scripted(httpx.ConnectError("refused"), translation_ok)
+    with Client(transport=httpx.MockTransport(handler), retry=NO_WAIT) as client:
+        assert client.translate(["x"], source="en", target="pt") == ["X"]
+    assert len(calls) == 2
+
+
+def test_retry_after_is_honoured_and_capped():
+    policy = RetryPolicy(default_wait_s=1.5, max_retry_wait_s=5)
+    assert policy.wait_s(httpx.Response(503, headers={"Retry-After": "2"})) == 2
+    assert policy.wait_s(httpx.Response(503, headers={"Retry-After": "120"})) == 5
+    assert policy.wait_s(httpx.Response(503)) == 1.5
+    assert policy.wait_s(None) == 1.5
+
+
+def test_ids_and_deadline_are_sent():
+    seen = {}
+
+    def handler(request):
+        import json
+        seen["records"] = json.loads(request.content)["payload"]["records"]
+        seen["deadline"] = request.headers.get("X-Request-Timeout-Ms")
+        return translation_ok(request)
+
+    with Client(transport=httpx.MockTransport(handler)) as client:
+        client.translate(["a"], source="en", target="pt", ids=["id-7"], deadline_ms=250)
+    assert seen == {"records": [{"id": "id-7", "text": "a"}], "deadline": "250"}
+    with pytest.raises(ValueError, match="2 ids for 1 texts"):
+        Client().translate(["a"], source="en", target="pt", ids=["1", "2"])
+
+
+def test_async_client_retries_and_orders_embeddings():
+    def embeddings(request):
+        return httpx.Response(200, json={"object": "list", "model": "m", "usage": {},
+                                         "data": [{"index": 1, "embedding": [2.0]}, {"index": 0, "embedding": [1.0]}]})
+
+    handler, calls = scripted(overloaded("0"), embeddings)
+
+    async def go():
+        async with AsyncClient(transport=httpx.MockTransport(handler), retry=NO_WAIT) as client:
+            return await client.embed(["a", "b"])
+
+    assert asyncio.run(go()) == [[1.0], [2.0]]
+    assert len(calls) == 2
