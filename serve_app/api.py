@@ -89,16 +89,14 @@ def create_app() -> FastAPI:
     )
     install_error_handlers(app)
 
-    limits = current_limits
-
     # Starlette runs the last added middleware first. Outermost to innermost: observe (log and
     # count every answer), CORS (preflights), API key, shed load, then bound the body before parsing.
-    app.add_middleware(BodySizeLimit, get_limit=lambda: limits().max_body_bytes)
-    app.add_middleware(AdmissionControl, limit=lambda: limits().max_inflight_requests,
-                       retry_after_s=lambda: limits().retry_after_s)
-    app.add_middleware(ApiKeyAuth, keys=lambda: limits().api_key_list())
-    app.add_middleware(LazyCORS, origins=lambda: limits().cors_origins)
-    app.add_middleware(RequestObserver, recorder=recorder, enabled=lambda: limits().access_log)
+    app.add_middleware(BodySizeLimit, get_limit=lambda: current_limits().max_body_bytes)
+    app.add_middleware(AdmissionControl, limit=lambda: current_limits().max_inflight_requests,
+                       retry_after_s=lambda: current_limits().retry_after_s)
+    app.add_middleware(ApiKeyAuth, keys=lambda: current_limits().api_key_list())
+    app.add_middleware(LazyCORS, origins=lambda: current_limits().cors_origins)
+    app.add_middleware(RequestObserver, recorder=recorder, enabled=lambda: current_limits().access_log)
 
     @app.post("/translation", response_model=TranslationResponse, responses=ERROR_RESPONSES)
     async def translation(

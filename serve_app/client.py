@@ -56,6 +56,15 @@ class RetryPolicy:
     #: never wait longer than this for one retry, whatever Retry-After says
     max_retry_wait_s: float = 10.0
 
+    def done(self, response: httpx.Response, attempt: int) -> bool:
+        """True: `response` is the answer. False: retry it. Raises the service's error when
+        retrying cannot help (not a 503) or the retries are spent."""
+        if response.status_code == 200:
+            return True
+        if response.status_code not in RETRYABLE_STATUSES or attempt >= self.max_retries:
+            raise _error(response)
+        return False
+
     def wait_s(self, response: Optional[httpx.Response]) -> float:
         if response is not None:
             value = response.headers.get("Retry-After")
@@ -64,6 +73,21 @@ class RetryPolicy:
             except ValueError:
                 pass
         return min(self.default_wait_s, self.max_retry_wait_s)
+
+
+def _auth_headers(api_key: Optional[str]) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def _deadline_headers(deadline_ms: Optional[int]) -> Optional[dict[str, str]]:
+    return {"X-Request-Timeout-Ms": str(deadline_ms)} if deadline_ms else None
+
+
+def _embeddings_body(texts: Sequence[str], model: Optional[str]) -> dict[str, Any]:
+    body: dict[str, Any] = {"input": list(texts)}
+    if model:
+        body["model"] = model
+    return body
 
 
 def _translation_body(texts: Sequence[str], source: str, target: str, ids: Optional[Sequence[str]]) -> dict:
@@ -102,8 +126,8 @@ class Client:
     def __init__(self, base_url: str = "http://127.0.0.1:9527", *, timeout_s: float = 60.0,
                  api_key: Optional[str] = None, retry: RetryPolicy = RetryPolicy(),
                  transport: Optional[httpx.BaseTransport] = None):
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.Client(base_url=base_url, timeout=timeout_s, headers=headers, transport=transport)
+        self._http = httpx.Client(base_url=base_url, timeout=timeout_s, headers=_auth_headers(api_key),
+                                  transport=transport)
         self.retry = retry
 
     def __enter__(self) -> "Client":
@@ -121,10 +145,8 @@ class Client:
             response: Optional[httpx.Response] = None
             try:
                 response = self._http.post(path, json=body, headers=headers)
-                if response.status_code == 200:
+                if self.retry.done(response, attempt):
                     return response
-                if response.status_code not in RETRYABLE_STATUSES or attempt >= self.retry.max_retries:
-                    raise _error(response)
             except httpx.TransportError:
                 if attempt >= self.retry.max_retries:
                     raise
@@ -134,16 +156,13 @@ class Client:
     def translate(self, texts: Sequence[str], *, source: str, target: str,
                   ids: Optional[Sequence[str]] = None, deadline_ms: Optional[int] = None) -> list[str]:
         """Translated texts, in the order given."""
-        headers = {"X-Request-Timeout-Ms": str(deadline_ms)} if deadline_ms else None
-        response = self._post("/translation", _translation_body(texts, source, target, ids), headers)
+        response = self._post("/translation", _translation_body(texts, source, target, ids),
+                              _deadline_headers(deadline_ms))
         return _translations(response, len(texts))
 
     def embed(self, texts: Sequence[str], *, model: Optional[str] = None) -> list[list[float]]:
         """One unit-length vector per text, in the order given."""
-        body: dict[str, Any] = {"input": list(texts)}
-        if model:
-            body["model"] = model
-        return _vectors(self._post("/embeddings", body))
+        return _vectors(self._post("/embeddings", _embeddings_body(texts, model)))
 
     def models(self) -> list[dict]:
         return self._http.get("/v1/models").raise_for_status().json()["data"]
@@ -158,8 +177,8 @@ class AsyncClient:
     def __init__(self, base_url: str = "http://127.0.0.1:9527", *, timeout_s: float = 60.0,
                  api_key: Optional[str] = None, retry: RetryPolicy = RetryPolicy(),
                  transport: Optional[httpx.AsyncBaseTransport] = None):
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.AsyncClient(base_url=base_url, timeout=timeout_s, headers=headers, transport=transport)
+        self._http = httpx.AsyncClient(base_url=base_url, timeout=timeout_s, headers=_auth_headers(api_key),
+                                       transport=transport)
         self.retry = retry
 
     async def __aenter__(self) -> "AsyncClient":
@@ -177,10 +196,8 @@ class AsyncClient:
             response: Optional[httpx.Response] = None
             try:
                 response = await self._http.post(path, json=body, headers=headers)
-                if response.status_code == 200:
+                if self.retry.done(response, attempt):
                     return response
-                if response.status_code not in RETRYABLE_STATUSES or attempt >= self.retry.max_retries:
-                    raise _error(response)
             except httpx.TransportError:
                 if attempt >= self.retry.max_retries:
                     raise
@@ -189,15 +206,12 @@ class AsyncClient:
 
     async def translate(self, texts: Sequence[str], *, source: str, target: str,
                         ids: Optional[Sequence[str]] = None, deadline_ms: Optional[int] = None) -> list[str]:
-        headers = {"X-Request-Timeout-Ms": str(deadline_ms)} if deadline_ms else None
-        response = await self._post("/translation", _translation_body(texts, source, target, ids), headers)
+        response = await self._post("/translation", _translation_body(texts, source, target, ids),
+                                    _deadline_headers(deadline_ms))
         return _translations(response, len(texts))
 
     async def embed(self, texts: Sequence[str], *, model: Optional[str] = None) -> list[list[float]]:
-        body: dict[str, Any] = {"input": list(texts)}
-        if model:
-            body["model"] = model
-        return _vectors(await self._post("/embeddings", body))
+        return _vectors(await self._post("/embeddings", _embeddings_body(texts, model)))
 
     async def models(self) -> list[dict]:
         return (await self._http.get("/v1/models")).raise_for_status().json()["data"]
