@@ -63,7 +63,6 @@ async def drive(run: ServeRun, seconds: float, events: list, scrapes: list) -> N
                 await asyncio.sleep(1.0)
 
     async def scenario():
-        loop = asyncio.get_running_loop()
         await asyncio.sleep(seconds * 0.3)
         events.append((time.monotonic() - t0, "deadline burst (300 ms)"))
         async with httpx.AsyncClient(base_url=run.url, timeout=30) as c:

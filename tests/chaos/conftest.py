@@ -12,7 +12,6 @@ import json
 import os
 import signal
 import time
-from pathlib import Path
 
 import pytest
 

@@ -13,10 +13,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Optional
 
 import httpx
 import yaml
+
+from tests.support import metric_sum, scrape, wait_for  # noqa: F401 (re-exported to the chaos tests)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,18 +29,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def wait_for(condition: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.1) -> Any:
-    """Poll `condition` until it returns something truthy; fail after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(interval_s)
 
 
 def _deep_update(target: dict, updates: dict) -> None:
@@ -167,29 +157,10 @@ class ServeRun:
 
     def scrape(self) -> dict[tuple[str, tuple], float]:
         """Ray's Prometheus endpoint of this run, as {(name, sorted labels): value}."""
-        from prometheus_client.parser import text_string_to_metric_families
-
-        text = httpx.get(f"http://127.0.0.1:{self.metrics_port()}/metrics", timeout=10).text
-        samples = {}
-        for family in text_string_to_metric_families(text):
-            for s in family.samples:
-                samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
-        return samples
+        return scrape(f"http://127.0.0.1:{self.metrics_port()}/metrics")
 
     def replica_logs(self, deployment: str) -> list[Path]:
         return sorted((self.session_dir() / "logs" / "serve").glob(f"replica_serve-app_{deployment}_*.log"))
-
-
-def metric_sum(samples: dict, name: str, **labels: str) -> float:
-    """Sum of a metric's samples whose labels include `labels` (Ray prefixes names with `ray_`)."""
-    total = 0.0
-    for (sample_name, sample_labels), value in samples.items():
-        if sample_name not in (name, f"ray_{name}"):
-            continue
-        have = dict(sample_labels)
-        if all(have.get(k) == v for k, v in labels.items()):
-            total += value
-    return total
 
 
 def dashboard_url(run: ServeRun) -> str:

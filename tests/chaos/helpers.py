@@ -69,6 +69,18 @@ def cpu_ticks(pid: int) -> int:
     return int(fields[11]) + int(fields[12])
 
 
+async def start_while_computing(client: httpx.AsyncClient, pid: int, requests: int,
+                                records: int) -> list[asyncio.Task]:
+    """Start `requests` translations of `records` records each, and return once replica `pid`
+    has burnt 50 ms of CPU on them (5 ticks): a batch is computing, the rest are queued."""
+    ticks = cpu_ticks(pid)
+    tasks = [asyncio.create_task(post(client, "/translation", translation_body(records, i * records)))
+             for i in range(requests)]
+    while cpu_ticks(pid) - ticks < 5:
+        await asyncio.sleep(0.01)
+    return tasks
+
+
 def is_clean_error(o: Outcome, status: int, error_type: Optional[str] = None) -> bool:
     """The project's error contract: JSON {"error", "error_type"} (+ Retry-After on 503)."""
     if o.status != status or not isinstance(o.body, dict):

@@ -15,7 +15,7 @@ import time
 import httpx
 
 from .harness import metric_sum, wait_for
-from .helpers import cpu_ticks, is_clean_error, post, translation_body
+from .helpers import is_clean_error, post, start_while_computing, translation_body
 
 REQUESTS = 12
 RECORDS = 64          # 8 calls of 8 records each; 4 in flight per request -> 384 records queued
@@ -78,12 +78,8 @@ def test_disconnected_client_cancels_its_queued_records(chaos_run, figures):
 
     async def send():
         async with httpx.AsyncClient(base_url=run.url, timeout=60) as client:
-            ticks = cpu_ticks(replica)
-            tasks = [asyncio.create_task(post(client, "/translation", translation_body(RECORDS, i * RECORDS)))
-                     for i in range(REQUESTS)]
-            # The event: the Translator computes (50 ms of CPU), so records are queued behind its batch.
-            while cpu_ticks(replica) - ticks < 5:
-                await asyncio.sleep(0.01)
+            # The event: the Translator computes, so records are queued behind its batch.
+            tasks = await start_while_computing(client, replica, REQUESTS, RECORDS)
             gave_up = time.monotonic()
             for task in tasks:  # the clients go away: their connections are closed mid-request
                 task.cancel()

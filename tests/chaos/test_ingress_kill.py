@@ -8,7 +8,6 @@ import os
 import signal
 import time
 
-import httpx
 
 from .harness import deployment_replicas, wait_for
 from .helpers import steady_load

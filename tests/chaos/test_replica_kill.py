@@ -16,7 +16,7 @@ import time
 import httpx
 
 from .harness import deployment_replicas, wait_for
-from .helpers import Outcome, cpu_ticks, is_clean_error, post, translation_body
+from .helpers import Outcome, is_clean_error, post, start_while_computing, translation_body
 
 CALLERS = 16
 #: 16 x 4 long records: two full batches of 32, about 1-3 s of model time on one replica here,
@@ -33,12 +33,8 @@ def test_translator_killed_mid_batch(chaos_run, figures):
 
     async def scenario() -> tuple[float, list[Outcome]]:
         async with httpx.AsyncClient(base_url=run.url, timeout=60) as client:
-            ticks = cpu_ticks(victim)
-            tasks = [asyncio.create_task(post(client, "/translation", translation_body(RECORDS, i * RECORDS)))
-                     for i in range(CALLERS)]
-            # The event: the victim has burnt 50 ms of CPU on this load, i.e. a batch is computing.
-            while cpu_ticks(victim) - ticks < 5:
-                await asyncio.sleep(0.01)
+            # The event: the victim is computing a batch of this load.
+            tasks = await start_while_computing(client, victim, CALLERS, RECORDS)
             assert not any(t.done() for t in tasks), "requests finished before the kill: make them longer"
             os.kill(victim, signal.SIGKILL)
             killed_at = time.monotonic()

@@ -113,10 +113,10 @@ def test_app_args_change_rolls_the_ingress_under_load(chaos_run, figures):
     assert failed == [], [(o.status, o.error, o.body) for o in failed]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_stopping_serve_run_under_load(own_run, tmp_path, figures, sig):
-    """Measured, not enforced: what admitted requests get when `serve run` itself is stopped."""
-    run = ServeRun(tmp_path / "run")
+def _stop_under_load(run: ServeRun, sig: int, wait_s: float) -> tuple[list, float]:
+    """Start `run`, put 8 clients of 4-record requests on it, send `sig` to its main process
+    only (as `kill PID` or Ctrl-C in its terminal would) once 10 requests succeeded, and wait
+    for it to exit. Returns the requests in flight at the signal and the seconds to exit."""
     run.start()
     outcomes: list = []
     try:
@@ -126,8 +126,8 @@ def test_stopping_serve_run_under_load(own_run, tmp_path, figures, sig):
             while sum(o.status == 200 for o in outcomes) < 10:
                 await asyncio.sleep(0.02)
             signalled = time.monotonic()
-            os.kill(run.proc.pid, sig)  # the main process only, as `kill PID` or Ctrl-C would
-            await asyncio.get_running_loop().run_in_executor(None, lambda: run.proc.wait(60))
+            os.kill(run.proc.pid, sig)
+            await asyncio.get_running_loop().run_in_executor(None, lambda: run.proc.wait(wait_s))
             exited = time.monotonic() - signalled
             stop.set()
             await load
@@ -136,11 +136,24 @@ def test_stopping_serve_run_under_load(own_run, tmp_path, figures, sig):
         signalled, exited = asyncio.run(scenario())
     finally:
         run.stop(signal.SIGKILL)
-    in_flight = [o for o in outcomes if o.started < signalled <= o.finished]
+    return [o for o in outcomes if o.started < signalled <= o.finished], exited
+
+
+def _outcome_counts(outcomes: list) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for o in outcomes:
+        key = str(o.status) if o.status else o.error
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_stopping_serve_run_under_load(own_run, tmp_path, figures, sig):
+    """Measured, not enforced: what admitted requests get when `serve run` itself is stopped."""
+    in_flight, exited = _stop_under_load(ServeRun(tmp_path / "run"), sig, wait_s=60)
     figures[f"serve_run_{sig.name}"] = {
         "in_flight_at_signal": len(in_flight),
-        "in_flight_outcomes": {k: sum(1 for o in in_flight if (str(o.status) if o.status else o.error) == k)
-                               for k in {str(o.status) if o.status else o.error for o in in_flight}},
+        "in_flight_outcomes": _outcome_counts(in_flight),
         "serve_run_exited_after_s": round(exited, 1),
     }
     print(figures[f"serve_run_{sig.name}"])
@@ -156,30 +169,8 @@ def test_make_run_launcher_stops_gracefully_under_load(own_run, tmp_path, figure
     Retry-After if it had not reached the ingress yet. None loses its connection."""
     run = ServeRun(tmp_path / "launcher")
     run.command = [sys.executable, "-m", "serve_app.run"]
-    run.start()
-    outcomes: list = []
-    try:
-        async def scenario():
-            stop = asyncio.Event()
-            load = asyncio.create_task(steady_load(run.url, stop, outcomes, workers=8, records=4))
-            while sum(o.status == 200 for o in outcomes) < 10:
-                await asyncio.sleep(0.02)
-            signalled = time.monotonic()
-            os.kill(run.proc.pid, sig)  # the launcher only, as Ctrl-C in its terminal or `kill PID`
-            await asyncio.get_running_loop().run_in_executor(None, lambda: run.proc.wait(90))
-            exited = time.monotonic() - signalled
-            stop.set()
-            await load
-            return signalled, exited
-
-        signalled, exited = asyncio.run(scenario())
-    finally:
-        run.stop(signal.SIGKILL)
-    in_flight = [o for o in outcomes if o.started < signalled <= o.finished]
-    kinds = {}
-    for o in in_flight:
-        key = str(o.status) if o.status else o.error
-        kinds[key] = kinds.get(key, 0) + 1
+    in_flight, exited = _stop_under_load(run, sig, wait_s=90)
+    kinds = _outcome_counts(in_flight)
     figures[f"launcher_{sig.name}"] = {"in_flight_at_signal": len(in_flight), "in_flight_outcomes": kinds,
                                       "exited_after_s": round(exited, 1)}
     print(figures[f"launcher_{sig.name}"])

