@@ -18,11 +18,13 @@ the bad key quoted, instead of being ignored.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Optional
+from typing import Annotated, Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic import SecretStr
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from .custom_models import MODEL_NAME_PATTERN, import_model_module
 
 DEFAULT_PORT = 9527
 
@@ -63,6 +65,15 @@ class IngressSettings(_Section):
         32, ge=1,
         description="Embedding inputs sent to a replica in one call; the embedding model is cheaper per "
         "text than translation, so calls carry more.",
+    )
+    max_predict_inputs: int = Field(
+        1024, ge=1,
+        description="Most inputs one `POST /models/<name>/predict` request may carry; more is 413.",
+    )
+    inputs_per_predict_call: int = Field(
+        32, ge=1,
+        description="Inputs of a custom model (`models:`) sent to its replica in one call; the replica's "
+        "`@serve.batch` then joins calls from many requests into one `predict`.",
     )
     max_inflight_calls_per_request: int = Field(
         4, ge=1,
@@ -143,6 +154,12 @@ class TranslationSettings(_Section):
     dtype: str = Field("auto", description="`auto` (float16 on CUDA, float32 on CPU), `float32`, `float16`, `bfloat16`.")
     num_beams: int = Field(1, ge=1, description="1 is greedy decoding (fastest; batch-invariant).")
     max_new_tokens: int = Field(256, ge=1, description="Longest translation, in tokens.")
+    min_new_tokens: Optional[int] = Field(
+        None, ge=0,
+        description="For `transformers`: end-of-sentence is suppressed until this many tokens were generated. "
+        "Equal to `max_new_tokens` it fixes every output's length (benchmarks: same work per record). "
+        "Unset (the default): stop at end-of-sentence.",
+    )
     language_pair: Optional[str] = Field(
         None, description="`src-tgt` for single-pair models (Marian) whose name does not say it."
     )
@@ -158,6 +175,9 @@ class TranslationSettings(_Section):
     def _model_for_transformers(self) -> "TranslationSettings":
         if self.backend == "transformers" and not self.model:
             raise ValueError("translation.backend 'transformers' needs translation.model (a hub id or folder)")
+        if self.min_new_tokens is not None and self.min_new_tokens > self.max_new_tokens:
+            raise ValueError(f"translation.min_new_tokens={self.min_new_tokens!r} exceeds "
+                             f"translation.max_new_tokens={self.max_new_tokens!r}")
         return self
 
 
@@ -177,6 +197,69 @@ class EmbeddingSettings(_Section):
     num_threads: Optional[int] = Field(None, ge=1, description="CPU threads per replica; default: its `num_cpus` share.")
 
 
+class CacheSettings(_Section):
+    """The ingress's response cache (per ingress replica, in its memory)."""
+
+    model_config = SettingsConfigDict(env_prefix="SERVE_APP_CACHE_", extra="forbid")
+
+    enabled: bool = Field(
+        True,
+        description="Answer repeated texts from an in-memory LRU cache in each ingress replica (keyed on model, "
+        "languages and text; embeddings on model and text). Responses carry `X-Cache: hit|miss|partial`. "
+        "A request with `Cache-Control: no-cache` is computed anyway; `no-store` is not stored.",
+    )
+    max_entries: int = Field(
+        100_000, ge=1,
+        description="Most entries (one per translated record or embedded text) one ingress replica keeps; "
+        "past it the least recently used are evicted.",
+    )
+    max_bytes: int = Field(
+        128 * 1024 * 1024, ge=4096,
+        description="Most memory, in bytes, one ingress replica's cache holds (texts, translations and "
+        "float32 vectors as estimated by the cache; an embedding entry is about 2 KB). Count it in the "
+        "ingress's memory request.",
+    )
+    ttl_s: float = Field(
+        3600.0, gt=0,
+        description="Seconds an entry stays valid after it was computed; a hit does not extend it. "
+        "Bounds how long an answer outlives a model replaced under the same name.",
+    )
+
+
+class CustomModelSpec(BaseModel):
+    """One entry of `models:`: a user's model module served at `POST /models/<name>/predict`.
+
+    The module is imported and checked here (Input, Output, load, predict), and `options`
+    against `load`'s signature, so a typo fails at configuration time, quoted."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(
+        ..., pattern=MODEL_NAME_PATTERN,
+        description="The model's URL name (`POST /models/<name>/predict`); its Serve deployment is "
+        "`Model.<name>`, with its own `deployments:` entry (replicas, autoscaling, batch size).",
+    )
+    module: str = Field(
+        ..., description="Dotted import path of the model module (Input, Output, load, predict), "
+        "e.g. `examples.iris_classifier`; importable by every Ray worker.",
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Keyword arguments of the module's `load()`, checked against its signature.",
+    )
+
+    @field_validator("module")
+    @classmethod
+    def _module_is_a_model_module(cls, value: str) -> str:
+        import_model_module(value)
+        return value
+
+    @model_validator(mode="after")
+    def _options_fit_load(self) -> "CustomModelSpec":
+        import_model_module(self.module).check_options(self.options)
+        return self
+
+
 class AppSettings(BaseModel):
     """The `args:` of the application in serve_config.yaml."""
 
@@ -185,8 +268,22 @@ class AppSettings(BaseModel):
     ingress: IngressSettings = Field(default_factory=IngressSettings)
     translation: TranslationSettings = Field(default_factory=TranslationSettings)
     embeddings: EmbeddingSettings = Field(default_factory=EmbeddingSettings)
+    cache: CacheSettings = Field(default_factory=CacheSettings)
+    models: list[CustomModelSpec] = Field(
+        default_factory=list,
+        description="Your own models (see examples/iris_classifier.py), each its own deployment and route.",
+    )
 
-    @field_validator("ingress", "translation", "embeddings", mode="before")
+    @field_validator("models")
+    @classmethod
+    def _names_are_unique(cls, value: list[CustomModelSpec]) -> list[CustomModelSpec]:
+        names = [spec.name for spec in value]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"model names must be unique; repeated: {', '.join(map(repr, repeated))}")
+        return value
+
+    @field_validator("ingress", "translation", "embeddings", "cache", mode="before")
     @classmethod
     def _read_environment(cls, value, info):
         # Nested validation skips BaseSettings.__init__, which is what reads the
@@ -221,13 +318,16 @@ def settings_table() -> str:
     rows = ["| setting (`args:` key) | env var | default | what it does, how to tune it |",
             "|---|---|---|---|"]
     for section, cls in (("ingress", IngressSettings), ("translation", TranslationSettings),
-                         ("embeddings", EmbeddingSettings)):
+                         ("embeddings", EmbeddingSettings), ("cache", CacheSettings),
+                         ("models[]", CustomModelSpec)):
         prefix = cls.model_config.get("env_prefix", "")
         for name, field in cls.model_fields.items():
             default = field.default_factory() if field.default_factory is not None else field.default
-            shown = "(none)" if default in (None, []) else f"`{default}`"
+            shown = ("(required)" if field.is_required() else
+                     "(none)" if default in (None, [], {}) else f"`{default}`")
+            env = f"`{prefix}{name.upper()}`" if prefix else "(`args:` only)"
             description = (field.description or "").replace("|", "\\|")
-            rows.append(f"| `{section}.{name}` | `{prefix}{name.upper()}` | {shown} | {description} |")
+            rows.append(f"| `{section}.{name}` | {env} | {shown} | {description} |")
     return "\n".join(rows)
 
 

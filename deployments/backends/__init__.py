@@ -25,6 +25,7 @@ def load_translation_backend(settings: "TranslationSettings", num_threads: int) 
             dtype=settings.dtype,
             num_beams=settings.num_beams,
             max_new_tokens=settings.max_new_tokens,
+            min_new_tokens=settings.min_new_tokens,
             language_pair=settings.language_pair,
             num_threads=num_threads,
             local_files_only=settings.local_files_only,
