@@ -20,7 +20,7 @@ from collections import Counter
 import httpx
 import numpy as np
 
-from .load import payload
+from .load import NO_CACHE, payload
 
 
 def ray_rss_mb() -> float:
@@ -36,7 +36,7 @@ async def flood(url: str, workload: str, rate: float, duration_s: float, records
     bad_503 = 0
     hung = 0
     limits = httpx.Limits(max_connections=2000, max_keepalive_connections=500)
-    async with httpx.AsyncClient(base_url=url, timeout=timeout_s, limits=limits) as client:
+    async with httpx.AsyncClient(base_url=url, timeout=timeout_s, limits=limits, headers=NO_CACHE) as client:
         async def one(i: int) -> None:
             nonlocal bad_503, hung
             path, body = payload(workload, records, i)

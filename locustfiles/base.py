@@ -44,6 +44,11 @@ def _add_arguments(parser, **_kw):
     parser.add_argument("--pacing", type=float, env_var="LOCUST_PACING", default=1.0,
                         help="Seconds between the starts of one user's requests (0: back to back). "
                         "Scenario users only; the stress matrix sets its own. Default %(default)s.")
+    parser.add_argument("--cache-control", env_var="LOCUST_CACHE_CONTROL", default="no-cache",
+                        help="Cache-Control header of every request. The default makes the service compute "
+                        "every text (the scenarios repeat a small pool of sentences, which the ingress's "
+                        "response cache would answer: that measures the cache, not the models); an empty "
+                        "value lets the cache answer. Default %(default)s.")
 
 
 @events.quitting.add_listener
@@ -95,7 +100,10 @@ class ServeAppUser(FastHttpUser):
     def _post(self, path: str, name: str, body: Mapping[str, Any],
               checker: Callable[[Mapping[str, Any], Any], Optional[str]]) -> None:
         self._last_start = time.monotonic()
-        with self.client.post(path, json=body, name=name, catch_response=True) as resp:
+        options = self.environment.parsed_options
+        cache_control = getattr(options, "cache_control", "no-cache") if options is not None else "no-cache"
+        headers = {"Cache-Control": cache_control} if cache_control else {}
+        with self.client.post(path, json=body, name=name, headers=headers, catch_response=True) as resp:
             outcome = common.classify(resp.status_code, resp.headers, resp.json, checker, body,
                                       error=getattr(resp, "error", None))
             if outcome.kind == "ok":

@@ -13,6 +13,7 @@ from fastapi import Depends, FastAPI, Header, Request, Response
 from fastapi.responses import JSONResponse
 
 from . import __version__
+from .cache import cache_directives
 from .errors import ERROR_TYPE_SCOPE_KEY, NotReady, install_error_handlers
 from . import middleware
 from .middleware import AdmissionControl, ApiKeyAuth, BodySizeLimit, LazyCORS, RequestObserver
@@ -21,11 +22,28 @@ from .schemas import (
     ERROR_RESPONSES, EmbeddingsRequest, EmbeddingsResponse, HealthResponse, ModelCard, ModelsResponse,
     TranslationRequest, TranslationResponse,
 )
-from .service import Service
+from .service import Computed, Service
 from .settings import IngressSettings
 
 #: response header: records in the largest model batch this request's records rode in
+#: (0 when none was computed: every record came from the response cache)
 BATCH_HEADER = "X-Batch-Records"
+
+#: response header: `hit` (every text answered from the response cache), `miss` or `partial`;
+#: absent when the cache is off
+CACHE_HEADER = "X-Cache"
+
+_CACHE_CONTROL_DESCRIPTION = (
+    "`no-cache`: compute every text even when the response cache holds it (the fresh answer is "
+    "stored); `no-store`: do not store this request's answers."
+)
+
+
+def _set_computed_headers(response: Response, computed: Computed) -> None:
+    response.headers[BATCH_HEADER] = str(computed.batch_records)
+    if computed.cache is not None:
+        response.headers[CACHE_HEADER] = computed.cache
+
 
 #: request header: the client's deadline in milliseconds, capped by `ingress.model_timeout_s`
 TIMEOUT_HEADER = "X-Request-Timeout-Ms"
@@ -103,12 +121,15 @@ def create_app() -> FastAPI:
         body: TranslationRequest, request: Request, response: Response,
         timeout_ms: Optional[int] = Header(None, alias=TIMEOUT_HEADER, ge=1, le=3_600_000,
                                            description=_TIMEOUT_DESCRIPTION),
+        cache_control: Optional[str] = Header(None, description=_CACHE_CONTROL_DESCRIPTION),
         service: Service = Depends(get_service),
     ):
         """Translate records from `fromLang` to `toLang`; answers keep the records' order and ids."""
         request.scope[RECORDS_SCOPE_KEY] = len(body.payload.records)
-        result, batch = await service.translate(body.payload, timeout_s=_deadline_s(timeout_ms))
-        response.headers[BATCH_HEADER] = str(batch)
+        read, write = cache_directives(cache_control)
+        result, computed = await service.translate(body.payload, timeout_s=_deadline_s(timeout_ms),
+                                                   read_cache=read, write_cache=write)
+        _set_computed_headers(response, computed)
         return result
 
     @app.post("/embeddings", response_model=EmbeddingsResponse, responses=ERROR_RESPONSES)
@@ -118,12 +139,15 @@ def create_app() -> FastAPI:
         body: EmbeddingsRequest, request: Request, response: Response,
         timeout_ms: Optional[int] = Header(None, alias=TIMEOUT_HEADER, ge=1, le=3_600_000,
                                            description=_TIMEOUT_DESCRIPTION),
+        cache_control: Optional[str] = Header(None, description=_CACHE_CONTROL_DESCRIPTION),
         service: Service = Depends(get_service),
     ):
         """OpenAI-compatible embeddings: unit-length mean-pooled MiniLM vectors."""
         request.scope[RECORDS_SCOPE_KEY] = len(body.texts())
-        result, batch = await service.embed(body, timeout_s=_deadline_s(timeout_ms))
-        response.headers[BATCH_HEADER] = str(batch)
+        read, write = cache_directives(cache_control)
+        result, computed = await service.embed(body, timeout_s=_deadline_s(timeout_ms),
+                                               read_cache=read, write_cache=write)
+        _set_computed_headers(response, computed)
         return result
 
     @app.get("/healthz", response_model=HealthResponse)

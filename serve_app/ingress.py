@@ -9,6 +9,7 @@ from ray.serve.handle import DeploymentHandle
 
 from . import middleware
 from .api import app, set_service
+from .cache import CacheMetrics, ResponseCache
 from .clients import HandleClient
 from .service import Service
 from .settings import AppSettings
@@ -36,8 +37,11 @@ class Ingress:
             self.settings,
             translator=HandleClient("Translator", translator, retry_after_s=retry, retry_timeout_s=retry_timeout),
             embedder=HandleClient("Embedder", embedder, retry_after_s=retry, retry_timeout_s=retry_timeout),
+            # One cache per ingress replica, in its memory (None when cache.enabled is false).
+            cache=ResponseCache.from_settings(self.settings.cache, observer=CacheMetrics.in_serve()),
         ))
-        logger.info("Ingress ready with limits %s", self.settings.ingress.model_dump())
+        logger.info("Ingress ready with limits %s, response cache %s", self.settings.ingress.model_dump(),
+                    self.settings.cache.model_dump())
 
     async def drain(self, timeout_s: float = 30.0) -> dict:
         """Stop admitting model requests (503 `shutting_down` + Retry-After, /readyz 503) and

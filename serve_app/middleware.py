@@ -226,8 +226,8 @@ class LazyCORS:
 
             self._built[origins] = CORSMiddleware(
                 self.app, allow_origins=list(origins), allow_methods=["GET", "POST"],
-                allow_headers=["Authorization", "Content-Type", "X-API-Key", "X-Request-Timeout-Ms"],
-                expose_headers=["X-Batch-Records", "X-Request-ID", "Retry-After"], max_age=600,
+                allow_headers=["Authorization", "Cache-Control", "Content-Type", "X-API-Key", "X-Request-Timeout-Ms"],
+                expose_headers=["X-Batch-Records", "X-Cache", "X-Request-ID", "Retry-After"], max_age=600,
             )
         await self._built[origins](scope, receive, send)
 

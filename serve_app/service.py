@@ -7,13 +7,16 @@ import base64
 import contextlib
 import logging
 import re
+import sys
 import time
-from typing import Any, Awaitable, Callable, Optional, Sequence, TypeVar
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Hashable, Optional, Sequence, TypeVar
 
 import numpy as np
 
 from deployments.batching import Chunk, split
 
+from .cache import ResponseCache
 from .clients import ModelClient
 from .errors import PayloadTooLarge, RequestTimeout, ServeAppError, UnsupportedLanguagePair, UnsupportedModel
 from .schemas import (
@@ -72,11 +75,29 @@ async def gather_limited(calls: Sequence[Callable[[], Awaitable[T]]], limit: int
     return [t.result() for t in tasks]
 
 
+@dataclass(frozen=True)
+class Computed:
+    """How a response was made. `batch_records`: records in the largest model batch its
+    computed texts rode in (0: nothing was computed, every text came from the cache).
+    `cache`: `hit` (every text from the response cache), `miss` (none), `partial`, or None
+    when the cache is off."""
+
+    batch_records: int
+    cache: Optional[str] = None
+
+
+#: what `_through_cache` computes: texts -> (one value per text, largest batch)
+Compute = Callable[[list[str]], Awaitable[tuple[list[Any], int]]]
+
+
 class Service:
-    def __init__(self, settings: AppSettings, translator: ModelClient, embedder: ModelClient):
+    def __init__(self, settings: AppSettings, translator: ModelClient, embedder: ModelClient,
+                 cache: Optional[ResponseCache] = None):
         self.settings = settings
         self.translator = translator
         self.embedder = embedder
+        #: the response cache (None: off); per ingress replica, see serve_app/cache.py
+        self.cache = cache
         self._info: dict[str, tuple[float, dict]] = {}
         self._reported_failures: set[tuple] = set()
 
@@ -112,8 +133,29 @@ class Service:
         async with self._deadline(requested_s):
             return await work
 
-    async def translate(self, payload: TranslationPayload,
-                        timeout_s: Optional[float] = None) -> tuple[TranslationResponse, int]:
+    async def _through_cache(self, task: str, texts: list[str], key: Callable[[str], Hashable],
+                             compute: Compute, read: bool, write: bool) -> tuple[list[Any], Computed]:
+        """One value per text: from the cache where it holds one (`read`), else computed, each
+        distinct missing text once, and stored (`write`). Order is the texts' order."""
+        if self.cache is None:
+            values, batch = await compute(texts)
+            return values, Computed(batch)
+        keys = [key(t) for t in texts]
+        found = self.cache.lookup(task, keys) if read else [None] * len(texts)
+        todo = list(dict.fromkeys(t for t, v in zip(texts, found) if v is None))
+        computed: dict[str, Any] = {}
+        batch = 0
+        if todo:
+            values, batch = await compute(todo)
+            computed = dict(zip(todo, values))
+            if write:
+                self.cache.store((key(t), _storable(v)) for t, v in computed.items())
+        hits = len(texts) - sum(v is None for v in found)
+        status = "hit" if hits == len(texts) else "miss" if hits == 0 else "partial"
+        return [computed[t] if v is None else v for t, v in zip(texts, found)], Computed(batch, status)
+
+    async def translate(self, payload: TranslationPayload, timeout_s: Optional[float] = None, *,
+                        read_cache: bool = True, write_cache: bool = True) -> tuple[TranslationResponse, Computed]:
         records = payload.records
         if len(records) > self.limits.max_records_per_request:
             raise PayloadTooLarge(
@@ -124,19 +166,26 @@ class Service:
         async with self._deadline(timeout_s):
             info = await self.model_info(self.translator)
             source, target = resolve_pair(payload.fromLang, payload.toLang, info["language_pairs"])
-            calls = [
-                (lambda piece=piece: self.translator.call("translate", Chunk(source, target, piece)))
-                for piece in split(texts, self.limits.records_per_call)
-            ]
-            results = await gather_limited(calls, self.limits.max_inflight_calls_per_request)
-        translated = [text for texts_out, _ in results for text in texts_out]
-        batch = max(size for _, size in results)
+
+            async def compute(todo: list[str]) -> tuple[list[str], int]:
+                calls = [
+                    (lambda piece=piece: self.translator.call("translate", Chunk(source, target, piece)))
+                    for piece in split(todo, self.limits.records_per_call)
+                ]
+                results = await gather_limited(calls, self.limits.max_inflight_calls_per_request)
+                return [text for texts_out, _ in results for text in texts_out], max(size for _, size in results)
+
+            # Interned: every entry's key shares these (the cache counts only the text's bytes).
+            model, source, target = (sys.intern(s) for s in (f"{info['backend']}:{info['model']}", source, target))
+            translated, computed = await self._through_cache(
+                "translation", texts, lambda text: ("translation", model, source, target, text), compute,
+                read_cache, write_cache)
         return TranslationResponse(
             result=[TranslatedRecord(id=r.id, text=t) for r, t in zip(records, translated)]
-        ), batch
+        ), computed
 
-    async def embed(self, request: EmbeddingsRequest,
-                    timeout_s: Optional[float] = None) -> tuple[EmbeddingsResponse, int]:
+    async def embed(self, request: EmbeddingsRequest, timeout_s: Optional[float] = None, *,
+                    read_cache: bool = True, write_cache: bool = True) -> tuple[EmbeddingsResponse, Computed]:
         texts = request.texts()
         if len(texts) > self.limits.max_embedding_inputs:
             raise PayloadTooLarge(
@@ -146,22 +195,27 @@ class Service:
         name = self.settings.embeddings.model_name
         if request.model is not None and request.model not in _model_aliases(name):
             raise UnsupportedModel(f"Model {request.model!r} is not served here; use {name!r} or omit 'model'.")
-        calls = [
-            (lambda piece=piece: self.embedder.call("embed", piece))
-            for piece in split(texts, self.limits.inputs_per_embedding_call)
-        ]
-        results = await self._with_deadline(
-            gather_limited(calls, self.limits.max_inflight_calls_per_request), timeout_s)
-        vectors = np.concatenate([v for v, _, _ in results]) if len(results) > 1 else results[0][0]
-        tokens = sum(sum(t) for _, t, _ in results)
-        batch = max(b for _, _, b in results)
+
+        async def compute(todo: list[str]) -> tuple[list[tuple[np.ndarray, int]], int]:
+            calls = [
+                (lambda piece=piece: self.embedder.call("embed", piece))
+                for piece in split(todo, self.limits.inputs_per_embedding_call)
+            ]
+            results = await gather_limited(calls, self.limits.max_inflight_calls_per_request)
+            per_text = [(vector, count) for vectors, counts, _ in results for vector, count in zip(vectors, counts)]
+            return per_text, max(b for _, _, b in results)
+
+        embedded, computed = await self._with_deadline(self._through_cache(
+            "embeddings", texts, lambda text: ("embeddings", name, text), compute, read_cache, write_cache),
+            timeout_s)
+        tokens = sum(count for _, count in embedded)
         data = [
             Embedding(index=i, embedding=_encode(vector, request.encoding_format))
-            for i, vector in enumerate(vectors)
+            for i, (vector, _) in enumerate(embedded)
         ]
         return EmbeddingsResponse(
             data=data, model=name, usage=EmbeddingsUsage(prompt_tokens=tokens, total_tokens=tokens)
-        ), batch
+        ), computed
 
     async def readiness(self) -> dict[str, str]:
         """Each model deployment's state: `ready`, or why not.
@@ -239,6 +293,18 @@ def summarise_failure(message: str) -> str:
 
 def _model_aliases(name: str) -> set[str]:
     return {name, name.lower(), f"sentence-transformers/{name}", f"sentence-transformers/{name}".lower()}
+
+
+def _storable(value: Any) -> Any:
+    """What the cache keeps of a computed value: a vector as its own read-only float32 array
+    (a row of a batch's array would keep the whole batch alive); (vector, tokens) likewise."""
+    if isinstance(value, tuple):
+        return tuple(_storable(v) for v in value)
+    if isinstance(value, np.ndarray):
+        owned = np.array(value, dtype=np.float32, copy=True)
+        owned.setflags(write=False)
+        return owned
+    return value
 
 
 def _encode(vector: np.ndarray, encoding_format: str) -> Any:

@@ -7,6 +7,10 @@ from typing import Any, Callable
 
 import httpx
 
+#: request headers that make the service compute every text even when its response cache
+#: holds the answer: for tests about model computation (batching, cancellation, kills)
+NO_CACHE = {"Cache-Control": "no-cache"}
+
 
 def wait_for(condition: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.1) -> Any:
     """Poll `condition` until it returns something truthy (and return that); fail after `timeout_s`."""

@@ -9,6 +9,8 @@ local pool = {
 local i = 0
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
+-- compute every text: the pool is small and the response cache would answer its repeats
+wrk.headers["Cache-Control"] = os.getenv("CACHE_CONTROL") or "no-cache"
 request = function()
   i = i + 1
   return wrk.format(nil, "/embeddings", nil, '{"input":"' .. pool[(i % #pool) + 1] .. '"}')

@@ -13,6 +13,8 @@ local records = tonumber(os.getenv("RECORDS") or "1")
 local i = 0
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
+-- compute every text: the pool is small and the response cache would answer its repeats
+wrk.headers["Cache-Control"] = os.getenv("CACHE_CONTROL") or "no-cache"
 request = function()
   i = i + 1
   local parts = {}

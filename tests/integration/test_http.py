@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from tests.fixtures.sentences import SENTENCES
+from tests.support import NO_CACHE
 
 SEED = {"payload": {"fromLang": "en", "toLang": "pt",
                     "records": [{"id": "123", "text": "Life is like a box of chocolates."}]}}
@@ -107,7 +108,8 @@ def test_embeddings_shape_norm_and_meaning(http):
 
 
 async def _concurrently(serve_url, requests):
-    async with httpx.AsyncClient(base_url=serve_url, timeout=120) as client:
+    """Computed by the models, not answered from the response cache."""
+    async with httpx.AsyncClient(base_url=serve_url, timeout=120, headers=NO_CACHE) as client:
         return await asyncio.gather(*(client.post(path, json=body) for path, body in requests))
 
 
@@ -115,7 +117,7 @@ def test_32_concurrent_translations_are_batched_and_equal_solo(serve_url, http):
     texts = [SENTENCES[i % len(SENTENCES)] + ("" if i < len(SENTENCES) else f" ({i})") for i in range(32)]
     solo = {}
     for text in texts[:8]:
-        r = http.post("/translation", json=translate_body([text]))
+        r = http.post("/translation", json=translate_body([text]), headers=NO_CACHE)
         assert r.headers["X-Batch-Records"] == "1"  # alone: nothing to batch with
         solo[text] = r.json()["result"][0]["text"]
     responses = asyncio.run(_concurrently(serve_url, [("/translation", translate_body([t])) for t in texts]))
@@ -129,7 +131,7 @@ def test_32_concurrent_translations_are_batched_and_equal_solo(serve_url, http):
 
 def test_32_concurrent_embeddings_are_batched_and_equal_solo(serve_url, http):
     texts = [f"{SENTENCES[i % len(SENTENCES)]} #{i}" for i in range(32)]
-    solo = np.array(http.post("/embeddings", json={"input": texts[0]}).json()["data"][0]["embedding"])
+    solo = np.array(http.post("/embeddings", json={"input": texts[0]}, headers=NO_CACHE).json()["data"][0]["embedding"])
     responses = asyncio.run(_concurrently(serve_url, [("/embeddings", {"input": t}) for t in texts]))
     assert [r.status_code for r in responses] == [200] * 32
     assert max(int(r.headers["X-Batch-Records"]) for r in responses) > 1
@@ -142,7 +144,7 @@ def test_large_request_does_not_block_small_ones(serve_url):
     small = translate_body(["Good morning."])
 
     async def go():
-        async with httpx.AsyncClient(base_url=serve_url, timeout=120) as client:
+        async with httpx.AsyncClient(base_url=serve_url, timeout=120, headers=NO_CACHE) as client:
             big_task = asyncio.create_task(client.post("/translation", json=big))
             await asyncio.sleep(0)  # let the big request go first
             small_resp = await client.post("/translation", json=small)

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support import metric_sum, scrape, wait_for
+from tests.support import NO_CACHE, metric_sum, scrape, wait_for
 
 TRANSLATE = {"payload": {"fromLang": "en", "toLang": "pt", "records": [
     {"id": "a", "text": "Good morning."}, {"id": "b", "text": "See you tomorrow."}]}}
@@ -84,7 +84,8 @@ WATCHED = [
 def test_metrics_move_after_requests(serve_url, serve_log):
     url = _metrics_url(serve_log)
     before = scrape(url)
-    with httpx.Client(base_url=serve_url, timeout=60) as http:
+    # NO_CACHE: the same records three times, computed three times (not answered from the cache)
+    with httpx.Client(base_url=serve_url, timeout=60, headers=NO_CACHE) as http:
         for _ in range(3):
             assert http.post("/translation", json=TRANSLATE).status_code == 200
         assert http.post("/translation", json={"payload": {}}).status_code == 422

