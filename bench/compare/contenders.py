@@ -1,0 +1,82 @@
+"""How each contender is started (same model code, same port, same load generator)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from bench.peers.models import ROOT, project_env
+
+MAIN_PYTHON = Path(sys.executable)
+BENTOML_VENV = ROOT / ".bench-venvs" / "bentoml"
+SERVE_CONFIG = ROOT / "serve_config.yaml"
+
+
+@dataclass(frozen=True)
+class Contender:
+    name: str
+    label: str
+    #: (workload, port, scratch folder) -> argv
+    argv: Callable[[str, int, Path], list[str]]
+    env: Callable[[str], dict] = lambda workload: {}
+    ready_path: str = "/readyz"
+    body_kind: str = "contract"  # "contract" (serve-app's) or "texts" (BentoML's)
+    ready_timeout_s: float = 180.0
+    #: why it cannot run here, if it cannot (recorded in the results instead of dropping it)
+    unavailable: Callable[[], str | None] = lambda: None
+
+
+def _peer(module: str) -> Callable[[str, int, Path], list[str]]:
+    return lambda workload, port, _: [str(MAIN_PYTHON), "-m", module, "--workload", workload, "--port", str(port)]
+
+
+def _bentoml_argv(workload: str, port: int, _: Path) -> list[str]:
+    service = "Embeddings" if workload == "embeddings" else "Translation"
+    return [str(BENTOML_VENV / "bin" / "bentoml"), "serve", f"bench.peers.bentoml_service:{service}",
+            "--host", "127.0.0.1", "--port", str(port), "--working-dir", str(ROOT)]
+
+
+def _bentoml_missing() -> str | None:
+    if not (BENTOML_VENV / "bin" / "bentoml").exists():
+        return f"no BentoML venv at {BENTOML_VENV} (make bench creates it)"
+    return None
+
+
+def _import_missing(module: str) -> Callable[[], str | None]:
+    def check() -> str | None:
+        done = subprocess.run([str(MAIN_PYTHON), "-c", f"import {module}"], capture_output=True, text=True)
+        return None if done.returncode == 0 else done.stderr.strip().splitlines()[-1]
+    return check
+
+
+def _serve_app_argv(workload: str, port: int, scratch: Path) -> list[str]:
+    config = scratch / "serve_config.yaml"
+    subprocess.run([str(MAIN_PYTHON), "-m", "serve_app.config_check", str(SERVE_CONFIG), "--port", str(port),
+                    "--write", str(config)], check=True, cwd=ROOT, capture_output=True)
+    return [str(MAIN_PYTHON), "-m", "serve_app.run", str(config)]
+
+
+CONTENDERS: tuple[Contender, ...] = (
+    Contender("naive", "Naive FastAPI", _peer("bench.peers.naive")),
+    Contender("service_streamer", "service_streamer", _peer("bench.peers.streamer"),
+              unavailable=_import_missing("service_streamer")),
+    Contender("mlpool", "MLPool", _peer("bench.peers.mlpool_peer"), unavailable=_import_missing("ml_pool")),
+    Contender("bentoml", "BentoML", _bentoml_argv, body_kind="texts", unavailable=_bentoml_missing,
+              env=lambda workload: {"BENCH_WORKLOAD": workload, "BENTOML_DO_NOT_TRACK": "True",
+                                    "BENTOML_HOME": str(ROOT / ".bench-venvs" / "bentoml-home")}),
+    Contender("serve_app", "serve-app (this project)", _serve_app_argv,
+              env=lambda workload: {**project_env(workload), "SERVE_APP_DRAIN_TIMEOUT_S": "2"}),
+)
+
+#: The in-process ceiling, reported beside the servers.
+OFFLINE = "offline"
+
+
+def contender_env(contender: Contender, workload: str) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1")
+    env.update(contender.env(workload))
+    return env

@@ -1,0 +1,137 @@
+"""The one load generator every contender gets: wrk for closed loop, asyncio for open loop.
+
+Closed loop: `concurrency` connections, each sends its next request when the last one
+is answered (wrk, C, so the generator costs little of the 2 cores). Open loop: requests
+start on a fixed schedule (`rate` per second) whatever the server does, and each
+latency is measured from its *scheduled* send time, so queueing is not hidden
+(no coordinated omission).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+
+from bench.compare.stats import latency_summary
+
+LUA = Path(__file__).with_name("closed.lua")
+#: wrk's per-request timeout: long, because deep queues at 128 clients are part of what we measure.
+REQUEST_TIMEOUT_S = 300
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where and what to send: base URL, route, body kind and records per request."""
+
+    url: str
+    path: str
+    body_kind: str  # "embeddings" | "translation" | "texts"
+    records: int
+    texts: tuple[str, ...]
+
+    def body(self, i: int) -> dict:
+        picked = [self.texts[(i + k) % len(self.texts)] for k in range(self.records)]
+        if self.body_kind == "texts":
+            return {"texts": picked}
+        if self.body_kind == "embeddings":
+            return {"input": picked[0] if self.records == 1 else picked}
+        return {"payload": {"fromLang": "en", "toLang": "pt",
+                            "records": [{"id": str(k), "text": t} for k, t in enumerate(picked)]}}
+
+
+def write_texts(texts: tuple[str, ...], path: Path) -> Path:
+    path.write_text("".join(json.dumps(t) + "\n" for t in texts), encoding="utf-8")
+    return path
+
+
+def parse_wrk(output: str) -> dict:
+    """The BENCH_JSON line closed.lua's done() prints, as a dict."""
+    for line in output.splitlines():
+        if line.startswith("BENCH_JSON "):
+            return json.loads(line[len("BENCH_JSON "):])
+    raise ValueError(f"wrk printed no BENCH_JSON line:\n{output[-2000:]}")
+
+
+def closed_cell_figures(raw: dict, records: int) -> dict:
+    """requests/s and records/s of answered-OK requests, latency percentiles in ms, error counts."""
+    seconds = raw["duration_us"] / 1e6
+    failed = raw["status"] + raw["timeout"] + raw["read"] + raw["write"] + raw["connect"]
+    ok = max(0, raw["requests"] - raw["status"])  # wrk's requests exclude socket errors already
+    return {
+        "duration_s": round(seconds, 2), "ok": ok, "errors": failed,
+        "requests_per_s": round(ok / seconds, 2), "records_per_s": round(ok * records / seconds, 2),
+        "p50_ms": round(raw["p50_us"] / 1000, 2), "p95_ms": round(raw["p95_us"] / 1000, 2),
+        "p99_ms": round(raw["p99_us"] / 1000, 2), "max_ms": round(raw["max_us"] / 1000, 2),
+    }
+
+
+def run_closed(target: Target, texts_file: Path, concurrency: int, seconds: float) -> dict:
+    env = dict(os.environ, BENCH_TEXTS=str(texts_file), BENCH_PATH=target.path,
+               BENCH_RECORDS=str(target.records), BENCH_BODY=target.body_kind)
+    cmd = ["wrk", "-t1", f"-c{concurrency}", f"-d{seconds:g}s", f"--timeout={REQUEST_TIMEOUT_S}s",
+           "-s", str(LUA), target.url]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=seconds + REQUEST_TIMEOUT_S)
+    return closed_cell_figures(parse_wrk(done.stdout + done.stderr), target.records)
+
+
+async def _open_loop(target: Target, rate: float, seconds: float, grace_s: float) -> dict:
+    latencies: list[float] = []
+    errors = 0
+    count = max(1, int(rate * seconds))
+    timeout = aiohttp.ClientTimeout(total=seconds + grace_s)
+    async with aiohttp.ClientSession(base_url=target.url, timeout=timeout,
+                                     connector=aiohttp.TCPConnector(limit=0)) as session:
+        async def one(i: int, scheduled: float) -> None:
+            nonlocal errors
+            try:
+                async with session.post(target.path, json=target.body(i)) as resp:
+                    await resp.read()
+                    if resp.status == 200:
+                        latencies.append(time.perf_counter() - scheduled)
+                    else:
+                        errors += 1
+            except (aiohttp.ClientError, asyncio.TimeoutError):
+                errors += 1
+
+        began = time.perf_counter()
+        tasks = []
+        for i in range(count):
+            scheduled = began + i / rate
+            delay = scheduled - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(i * target.records, scheduled)))
+        await asyncio.gather(*tasks)
+        elapsed = time.perf_counter() - began
+    return {"offered_rps": round(rate, 2), "sent": count, "ok": len(latencies), "errors": errors,
+            "duration_s": round(elapsed, 2), "requests_per_s": round(len(latencies) / elapsed, 2),
+            "records_per_s": round(len(latencies) * target.records / elapsed, 2),
+            **latency_summary(latencies)}
+
+
+def run_open(target: Target, rate: float, seconds: float, grace_s: float = REQUEST_TIMEOUT_S) -> dict:
+    return asyncio.run(_open_loop(target, rate, seconds, grace_s))
+
+
+async def _probe(target: Target, timeout_s: float) -> bool:
+    async with aiohttp.ClientSession(base_url=target.url,
+                                     timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+        try:
+            async with session.post(target.path, json=Target(
+                    target.url, target.path, target.body_kind, 1, target.texts).body(0)) as resp:
+                await resp.read()
+                return resp.status == 200
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            return False
+
+
+def drain(target: Target, timeout_s: float = REQUEST_TIMEOUT_S) -> bool:
+    """Send one request and wait for it: returns once a backlog left by the last cell is worked off."""
+    return asyncio.run(_probe(target, timeout_s))

@@ -1,0 +1,50 @@
+"""What one `make bench` measures: the default profile (~20 min on 2 cores) and the full grid."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+WORKLOAD_ORDER = ("embeddings", "translation-embedded", "translation-transformers")
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    workloads: tuple[str, ...]
+    records: tuple[int, ...]  # texts per request
+    concurrencies: tuple[int, ...]  # closed-loop clients
+    cell_s: dict  # workload -> seconds of one closed-loop cell
+    open_s: dict  # workload -> seconds of the open-loop (50% load) cell
+    warmup_s: float  # closed-loop warm-up per contender and workload, not recorded
+    offline_s: float  # seconds per batch size in the offline sweep
+    load_fraction: float = 0.5
+    #: (workload, records) -> concurrencies, where the default list would only measure backlog
+    concurrency_overrides: dict = field(default_factory=dict)
+
+    def concurrencies_for(self, workload: str, records: int) -> tuple[int, ...]:
+        return self.concurrency_overrides.get((workload, records), self.concurrencies)
+
+
+PROFILES = {
+    # The default (~20 min): every contender, workload and request size; 3 of the 5 concurrencies
+    # (1: no batching possible; 8: light; 64: the embeddings target's point); short cells.
+    "default": Profile(
+        "default", WORKLOAD_ORDER, (1, 16), (1, 8, 64),
+        cell_s={"embeddings": 5, "translation-embedded": 5, "translation-transformers": 8},
+        open_s={"embeddings": 5, "translation-embedded": 5, "translation-transformers": 8},
+        warmup_s=2, offline_s=2,
+        # The Marian-sized model does ~10-20 records/s here: 64 clients x 16 records is a minute of
+        # queue, which an 8 s cell cannot measure; 8 x 16 = 128 records in flight already saturate.
+        concurrency_overrides={("translation-transformers", 16): (1, 8)}),
+    "full": Profile(
+        "full", WORKLOAD_ORDER, (1, 16), (1, 8, 32, 64, 128),
+        cell_s={"embeddings": 15, "translation-embedded": 15, "translation-transformers": 30},
+        open_s={"embeddings": 20, "translation-embedded": 20, "translation-transformers": 40},
+        warmup_s=5, offline_s=5),
+    # A minute-long check that every contender starts and answers (not for figures).
+    "smoke": Profile(
+        "smoke", WORKLOAD_ORDER, (1, 16), (8,),
+        cell_s={"embeddings": 2, "translation-embedded": 2, "translation-transformers": 3},
+        open_s={"embeddings": 2, "translation-embedded": 2, "translation-transformers": 3},
+        warmup_s=1, offline_s=0.5),
+}

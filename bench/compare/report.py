@@ -1,0 +1,174 @@
+"""Turn the results into the markdown table, the target verdicts and the PNG plots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from bench.compare import stats
+
+TARGET_CONCURRENCY = 64  # the embeddings target compares throughput at 64 clients
+TRANSLATION_VS_OFFLINE = 0.8
+TRANSLATION_VS_NAIVE = 5.0
+P99_VS_BATCH_TIME = 2.0
+
+
+def _fmt(value: Optional[float], digits: int = 1) -> str:
+    return "n/a" if value is None else f"{value:,.{digits}f}"
+
+
+def summary_rows(results: dict) -> list[dict]:
+    """One row per (workload, records, contender): saturation, ratio to offline, open-loop latency."""
+    rows = []
+    cells = results["cells"]
+    for workload in results["workloads"]:
+        offline = results["offline"].get(workload, {}).get("records_per_s")
+        for records in results["records"]:
+            for contender in results["contenders"]:
+                sat = stats.saturation(cells, contender, workload, records)
+                at64 = stats.cell_at(cells, contender, workload, records, TARGET_CONCURRENCY)
+                opened = stats.open_cell(cells, contender, workload, records)
+                rows.append({
+                    "workload": workload, "records": records, "contender": contender,
+                    "saturation_records_per_s": sat and sat["records_per_s"],
+                    "saturation_concurrency": sat and sat["concurrency"],
+                    "records_per_s_at_64": at64 and at64["records_per_s"],
+                    "ratio_to_offline": stats.ratio(sat and sat["records_per_s"], offline),
+                    "open_rps": opened and opened["offered_rps"],
+                    "open_p50_ms": opened and opened["p50_ms"], "open_p99_ms": opened and opened["p99_ms"],
+                })
+    return rows
+
+
+def targets(results: dict, project: str = "serve_app", naive: str = "naive") -> list[dict]:
+    """The issue's targets, each with its figures and met / not met / not measured."""
+    out = []
+    cells, offline = results["cells"], results["offline"]
+    wl = "translation-transformers"
+    for records in results["records"]:
+        sat = stats.saturation(cells, project, wl, records)
+        nsat = stats.saturation(cells, naive, wl, records)
+        served = sat and sat["records_per_s"]
+        vs_off = stats.ratio(served, offline.get(wl, {}).get("records_per_s"))
+        vs_naive = stats.ratio(served, nsat and nsat["records_per_s"])
+        out.append({"target": f"{wl}, {records} rec/req: served >= {TRANSLATION_VS_OFFLINE} x offline",
+                    "figure": vs_off, "met": None if vs_off is None else vs_off >= TRANSLATION_VS_OFFLINE})
+        out.append({"target": f"{wl}, {records} rec/req: served >= {TRANSLATION_VS_NAIVE:g} x naive",
+                    "figure": vs_naive, "met": None if vs_naive is None else vs_naive >= TRANSLATION_VS_NAIVE})
+    wl = "embeddings"
+    batch_s = offline.get(wl, {}).get("full_batch_s")
+    for records in results["records"]:
+        mine = stats.cell_at(cells, project, wl, records, TARGET_CONCURRENCY)
+        peers = [stats.cell_at(cells, c, wl, records, TARGET_CONCURRENCY) for c in results["contenders"]
+                 if c != project]
+        best_peer = max((p["records_per_s"] for p in peers if p), default=None)
+        lead = stats.ratio(mine and mine["records_per_s"], best_peer)
+        out.append({"target": f"{wl}, {records} rec/req: ahead of every peer at {TARGET_CONCURRENCY} clients "
+                              "(ratio to the best peer)",
+                    "figure": lead, "met": None if lead is None else lead > 1.0})
+        opened = stats.open_cell(cells, project, wl, records)
+        p99 = opened and opened["p99_ms"]
+        limit = None if batch_s is None else P99_VS_BATCH_TIME * batch_s * 1000
+        ratio = stats.ratio(p99, batch_s and batch_s * 1000)
+        out.append({"target": f"{wl}, {records} rec/req: p99 at 50% load <= {P99_VS_BATCH_TIME:g} x one full "
+                              f"batch's model time ({_fmt(limit)} ms)",
+                    "figure": ratio, "met": None if ratio is None else ratio <= P99_VS_BATCH_TIME})
+    return out
+
+
+def markdown(results: dict) -> str:
+    labels = results["labels"]
+    lines = [f"# Benchmark results ({results['profile']} profile)", "",
+             f"Run {results['started_at']} on {results['machine']}. Method and caveats: [README.md](README.md).", "",
+             "## Targets", "", "| target | figure | verdict |", "|---|---|---|"]
+    for t in targets(results):
+        verdict = {True: "met", False: "**not met**", None: "not measured"}[t["met"]]
+        lines.append(f"| {t['target']} | {_fmt(t['figure'], 2)} | {verdict} |")
+    lines += ["", "## Offline limit (the model alone, best batch)", "",
+              "| workload | best batch | records/s | one full batch (s) |", "|---|---|---|---|"]
+    for workload, off in results["offline"].items():
+        lines.append(f"| {workload} | {off.get('best_batch', 'n/a')} | {_fmt(off.get('records_per_s'))} | "
+                     f"{_fmt(off.get('full_batch_s'), 3)} |")
+    lines += ["", "## Saturation, ratio to offline, latency at 50% load", "",
+              "| workload | rec/req | contender | saturation rec/s (at clients) | rec/s at 64 clients | "
+              "x offline | 50% load req/s | p50 ms | p99 ms |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in summary_rows(results):
+        lines.append(
+            f"| {r['workload']} | {r['records']} | {labels.get(r['contender'], r['contender'])} | "
+            f"{_fmt(r['saturation_records_per_s'])} ({r['saturation_concurrency'] or 'n/a'}) | "
+            f"{_fmt(r['records_per_s_at_64'])} | {_fmt(r['ratio_to_offline'], 2)} | {_fmt(r['open_rps'])} | "
+            f"{_fmt(r['open_p50_ms'])} | {_fmt(r['open_p99_ms'])} |")
+    lines += ["", "## Every closed-loop cell", "",
+              "| workload | rec/req | contender | clients | rec/s | req/s | p50 ms | p99 ms | errors |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for c in results["cells"]:
+        if c["mode"] == "closed":
+            lines.append(f"| {c['workload']} | {c['records']} | {labels.get(c['contender'], c['contender'])} | "
+                         f"{c['concurrency']} | {_fmt(c['records_per_s'])} | {_fmt(c['requests_per_s'])} | "
+                         f"{_fmt(c['p50_ms'])} | {_fmt(c['p99_ms'])} | {c['errors']} |")
+    if results.get("failures"):
+        lines += ["", "## Contenders that did not run (exact errors)", ""]
+        for f in results["failures"]:
+            lines.append(f"- **{f['contender']}** / {f['workload']}: `{f['error']}`")
+    return "\n".join(lines) + "\n"
+
+
+def plots(results: dict, out_dir: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels, cells = results["labels"], results["cells"]
+    panels = [(w, r) for w in results["workloads"] for r in results["records"]]
+    written = []
+
+    fig, axes = plt.subplots(len(results["workloads"]), len(results["records"]), squeeze=False,
+                             figsize=(6 * len(results["records"]), 4 * len(results["workloads"])))
+    for ax, (workload, records) in zip(axes.flat, panels):
+        for contender in results["contenders"]:
+            pts = sorted((c["concurrency"], c["records_per_s"])
+                         for c in stats.closed_cells(cells, contender, workload, records))
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=labels.get(contender, contender))
+        off = results["offline"].get(workload, {}).get("records_per_s")
+        if off:
+            ax.axhline(off, color="black", linestyle="--", label="offline limit")
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{workload}, {records} rec/request")
+        ax.set_xlabel("concurrent clients (closed loop)")
+        ax.set_ylabel("records/s")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    written.append(out_dir / "throughput_vs_concurrency.png")
+    fig.savefig(written[-1], dpi=110)
+    plt.close(fig)
+
+    for name, key, ylabel in (("latency_at_half_load.png", ("p50_ms", "p95_ms", "p99_ms"), "latency (ms, log)"),
+                              ("ratio_to_offline.png", None, "saturation / offline limit")):
+        fig, axes = plt.subplots(1, len(panels), squeeze=False, figsize=(3.2 * len(panels), 4))
+        for ax, (workload, records) in zip(axes.flat, panels):
+            names = [labels.get(c, c) for c in results["contenders"]]
+            xs = range(len(names))
+            if key:
+                for j, q in enumerate(key):
+                    vals = [(stats.open_cell(cells, c, workload, records) or {}).get(q) or 0
+                            for c in results["contenders"]]
+                    ax.bar([x + (j - 1) * 0.27 for x in xs], vals, width=0.27, label=q.split("_")[0])
+                ax.set_yscale("log")
+            else:
+                off = results["offline"].get(workload, {}).get("records_per_s")
+                vals = [stats.ratio((stats.saturation(cells, c, workload, records) or {}).get("records_per_s"),
+                                    off) or 0 for c in results["contenders"]]
+                ax.bar(list(xs), vals)
+                ax.axhline(1.0, color="black", linestyle="--")
+            ax.set_xticks(list(xs), names, rotation=60, ha="right", fontsize=7)
+            ax.set_title(f"{workload}\n{records} rec/req", fontsize=8)
+        axes.flat[0].set_ylabel(ylabel)
+        if key:
+            axes.flat[0].legend(fontsize=7)
+        fig.tight_layout()
+        written.append(out_dir / name)
+        fig.savefig(written[-1], dpi=110)
+        plt.close(fig)
+    return written

