@@ -49,6 +49,10 @@ TRANSLATOR_BATCH = BatchConfig(max_batch_size=32, batch_wait_timeout_s=0.01)
 #: MiniLM embeds ~64 short texts in about the time of a few single ones on CPU.
 EMBEDDER_BATCH = BatchConfig(max_batch_size=64, batch_wait_timeout_s=0.01)
 
+#: Custom models (`models:`): a user's model is unknown here; 64 inputs per predict call suits
+#: small tabular models (microseconds per row), and each deployment's user_config retunes it.
+CUSTOM_MODEL_BATCH = BatchConfig(max_batch_size=64, batch_wait_timeout_s=0.01)
+
 #: Calls one replica accepts at once. Each call carries up to
 #: `ingress.records_per_call` records, so this must exceed max_batch_size (in
 #: calls) by enough that a full batch can form while the previous one runs.

@@ -19,8 +19,8 @@ from . import middleware
 from .middleware import AdmissionControl, ApiKeyAuth, BodySizeLimit, LazyCORS, RequestObserver
 from .observability import RECORDS_SCOPE_KEY, RequestRecorder
 from .schemas import (
-    ERROR_RESPONSES, EmbeddingsRequest, EmbeddingsResponse, HealthResponse, ModelCard, ModelsResponse,
-    TranslationRequest, TranslationResponse,
+    ERROR_RESPONSES, PREDICT_ERROR_RESPONSES, EmbeddingsRequest, EmbeddingsResponse, HealthResponse, ModelCard,
+    ModelsResponse, PredictRequest, PredictResponse, TranslationRequest, TranslationResponse,
 )
 from .service import Computed, Service
 from .settings import IngressSettings
@@ -148,6 +148,20 @@ def create_app() -> FastAPI:
         result, computed = await service.embed(body, timeout_s=_deadline_s(timeout_ms),
                                                read_cache=read, write_cache=write)
         _set_computed_headers(response, computed)
+        return result
+
+    @app.post("/models/{name}/predict", response_model=PredictResponse, responses=PREDICT_ERROR_RESPONSES)
+    async def predict(
+        name: str, body: PredictRequest, request: Request, response: Response,
+        timeout_ms: Optional[int] = Header(None, alias=TIMEOUT_HEADER, ge=1, le=3_600_000,
+                                           description=_TIMEOUT_DESCRIPTION),
+        service: Service = Depends(get_service),
+    ):
+        """Run your own model (an entry of `models:`, see the README) on `inputs`, each matching
+        the model's `Input` schema (listed in /v1/models); outputs keep the inputs' order."""
+        request.scope[RECORDS_SCOPE_KEY] = len(body.inputs)
+        result, batch = await service.predict(name, body.inputs, timeout_s=_deadline_s(timeout_ms))
+        response.headers[BATCH_HEADER] = str(batch)
         return result
 
     @app.get("/healthz", response_model=HealthResponse)

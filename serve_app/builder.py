@@ -13,9 +13,11 @@ from typing import Any, Optional
 
 from ray.serve import Application
 
+from deployments.custom_model import CustomModel
 from deployments.embedder import Embedder
 from deployments.translator import Translator
 
+from .custom_models import deployment_name
 from .ingress import Ingress
 from .settings import AppSettings, load_settings
 
@@ -24,4 +26,10 @@ def build_app(args: Optional[dict[str, Any]] = None) -> Application:
     settings: AppSettings = load_settings(args)
     translator = Translator.bind(settings.translation.model_dump())
     embedder = Embedder.bind(settings.embeddings.model_dump())
-    return Ingress.bind(translator, embedder, settings.model_dump())
+    # One deployment per custom model, named `Model.<name>`: its own `deployments:` entry
+    # (replicas, autoscaling, batch size) in the Serve config.
+    models = {
+        spec.name: CustomModel.options(name=deployment_name(spec.name)).bind(spec.model_dump())
+        for spec in settings.models
+    }
+    return Ingress.bind(translator, embedder, settings.model_dump(), models)

@@ -6,6 +6,9 @@
         client.translate(["Life is like a box of chocolates."], source="en", target="pt")
         # -> ["A vida é como uma caixa de chocolates."]
         client.embed(["The food was delicious."])          # -> [[0.01, ...384 floats]]
+        client.predict("iris", [{"sepal_length_cm": 5.1, "sepal_width_cm": 3.5,
+                                 "petal_length_cm": 1.4, "petal_width_cm": 0.2}])
+        # -> [{"species": "setosa", "confidence": 0.98, ...}]   (your own model, `models:`)
 
     async with AsyncClient("http://127.0.0.1:9527") as client:
         await client.translate(...)
@@ -14,7 +17,7 @@ Retries: a 503 (overloaded, shutting down, model unavailable) is retried after t
 `Retry-After` the server sends (capped by `max_retry_wait_s`), up to `max_retries`
 times; so are connection errors. Nothing else is retried: a 4xx is the caller's
 error and raises `ServeAppHTTPError` with the server's `error` and `error_type`.
-Both routes are idempotent, so retrying is safe.
+The model routes are idempotent, so retrying is safe.
 
 Inside the cluster, from another Serve deployment, skip HTTP and call the model
 deployments through a handle (the same calls the ingress makes):
@@ -22,6 +25,8 @@ deployments through a handle (the same calls the ingress makes):
     from deployments.batching import Chunk
     translator = serve.get_deployment_handle("Translator", app_name="serve-app")
     texts, batch_size = await translator.translate.remote(Chunk("en", "pt", ["Hello."]))
+    iris = serve.get_deployment_handle("Model.iris", app_name="serve-app")
+    outputs, batch_size = await iris.predict.remote([{"sepal_length_cm": 5.1, ...}])
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import asyncio
 import time
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
+from urllib.parse import quote
 
 import httpx
 
@@ -116,6 +122,17 @@ def _translations(response: httpx.Response, expected: int) -> list[str]:
     return [r["text"] for r in result]
 
 
+def _predict_path(model: str) -> str:
+    return f"/models/{quote(model, safe='')}/predict"
+
+
+def _outputs(response: httpx.Response, expected: int) -> list[dict]:
+    outputs = response.json()["outputs"]
+    if len(outputs) != expected:
+        raise ServeAppHTTPError(response.status_code, f"{len(outputs)} outputs for {expected} inputs", "bad_response")
+    return outputs
+
+
 def _vectors(response: httpx.Response) -> list[list[float]]:
     return [d["embedding"] for d in sorted(response.json()["data"], key=lambda d: d["index"])]
 
@@ -163,6 +180,11 @@ class Client:
     def embed(self, texts: Sequence[str], *, model: Optional[str] = None) -> list[list[float]]:
         """One unit-length vector per text, in the order given."""
         return _vectors(self._post("/embeddings", _embeddings_body(texts, model)))
+
+    def predict(self, model: str, inputs: Sequence[dict], *, deadline_ms: Optional[int] = None) -> list[dict]:
+        """Your own model's outputs (an entry of `models:`), one per input, in the order given."""
+        response = self._post(_predict_path(model), {"inputs": list(inputs)}, _deadline_headers(deadline_ms))
+        return _outputs(response, len(inputs))
 
     def models(self) -> list[dict]:
         return self._http.get("/v1/models").raise_for_status().json()["data"]
@@ -212,6 +234,11 @@ class AsyncClient:
 
     async def embed(self, texts: Sequence[str], *, model: Optional[str] = None) -> list[list[float]]:
         return _vectors(await self._post("/embeddings", _embeddings_body(texts, model)))
+
+    async def predict(self, model: str, inputs: Sequence[dict], *,
+                      deadline_ms: Optional[int] = None) -> list[dict]:
+        response = await self._post(_predict_path(model), {"inputs": list(inputs)}, _deadline_headers(deadline_ms))
+        return _outputs(response, len(inputs))
 
     async def models(self) -> list[dict]:
         return (await self._http.get("/v1/models")).raise_for_status().json()["data"]

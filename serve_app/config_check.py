@@ -44,6 +44,7 @@ def check_config(config: dict[str, Any]) -> list[str]:
 
     from deployments._config import parse_batch_config
 
+    from .custom_models import deployment_name
     from .settings import load_settings
 
     if not isinstance(config, dict):
@@ -67,12 +68,15 @@ def check_config(config: dict[str, Any]) -> list[str]:
             except Exception as exc:
                 problems.append(f"{where}.args: {exc}")
                 settings = None
+        # Each custom model (`args.models`) is its own deployment, `Model.<name>`.
+        custom = tuple(deployment_name(spec.name) for spec in settings.models) if settings is not None else ()
+        names, model_names = DEPLOYMENT_NAMES + custom, MODEL_DEPLOYMENTS + custom
         for dep in app.get("deployments") or []:
             dname = dep.get("name", "?")
             dwhere = f"{where}.deployments[{dname}]"
             problems += _unknown(dep, DeploymentSchema.model_fields, dwhere)
-            if app.get("import_path") == BUILDER and dname not in DEPLOYMENT_NAMES:
-                problems.append(f"{dwhere}: no deployment named {dname!r} (deployments: {', '.join(DEPLOYMENT_NAMES)})")
+            if app.get("import_path") == BUILDER and dname not in names:
+                problems.append(f"{dwhere}: no deployment named {dname!r} (deployments: {', '.join(names)})")
             if isinstance(dep.get("autoscaling_config"), dict):
                 problems += _unknown(dep["autoscaling_config"], AutoscalingConfig.model_fields,
                                      f"{dwhere}.autoscaling_config")
@@ -86,7 +90,7 @@ def check_config(config: dict[str, Any]) -> list[str]:
                     f"args.ingress.max_inflight_requests={settings.ingress.max_inflight_requests}, or requests "
                     "queue inside Serve where the ingress cannot shed them"
                 )
-            if dname in MODEL_DEPLOYMENTS and "user_config" in dep:
+            if dname in model_names and "user_config" in dep:
                 try:
                     batch = parse_batch_config(dep["user_config"], dname)
                 except ValueError as exc:

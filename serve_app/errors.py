@@ -87,6 +87,13 @@ class NotFound(ServeAppError):
     error_type = "not_found"
 
 
+class ModelNotFound(ServeAppError):
+    """`/models/<name>/predict` names no registered model (404)."""
+
+    status_code = 404
+    error_type = "model_not_found"
+
+
 class MethodNotAllowed(ServeAppError):
     status_code = 405
     error_type = "method_not_allowed"
@@ -128,7 +135,7 @@ class InternalError(ServeAppError):
     error_type = "internal_error"
 
 
-def _describe_validation_errors(errors: list[dict[str, Any]]) -> str:
+def describe_validation_errors(errors: list[dict[str, Any]]) -> str:
     parts = []
     for err in errors[:5]:
         loc = [str(p) for p in err.get("loc", ()) if p not in ("body",)]
@@ -145,7 +152,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return InvalidRequest(_describe_validation_errors(list(exc.errors()))).to_response(request.scope)
+        return InvalidRequest(describe_validation_errors(list(exc.errors()))).to_response(request.scope)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Optional
 
 from ray import serve
 from ray.serve.handle import DeploymentHandle
@@ -11,6 +12,7 @@ from . import middleware
 from .api import app, set_service
 from .cache import CacheMetrics, ResponseCache
 from .clients import HandleClient
+from .custom_models import deployment_name
 from .service import Service
 from .settings import AppSettings
 
@@ -29,7 +31,8 @@ INGRESS_MAX_ONGOING_REQUESTS = 512
 )
 @serve.ingress(app)
 class Ingress:
-    def __init__(self, translator: DeploymentHandle, embedder: DeploymentHandle, settings: dict):
+    def __init__(self, translator: DeploymentHandle, embedder: DeploymentHandle, settings: dict,
+                 models: Optional[dict[str, DeploymentHandle]] = None):
         self.settings = AppSettings.model_validate(settings)
         retry = self.settings.ingress.retry_after_s
         retry_timeout = self.settings.ingress.replica_retry_timeout_s
@@ -37,6 +40,10 @@ class Ingress:
             self.settings,
             translator=HandleClient("Translator", translator, retry_after_s=retry, retry_timeout_s=retry_timeout),
             embedder=HandleClient("Embedder", embedder, retry_after_s=retry, retry_timeout_s=retry_timeout),
+            # custom models (`models:`): name -> the client of its deployment `Model.<name>`
+            models={name: HandleClient(deployment_name(name), handle, retry_after_s=retry,
+                                       retry_timeout_s=retry_timeout)
+                    for name, handle in (models or {}).items()},
             # One cache per ingress replica, in its memory (None when cache.enabled is false).
             cache=ResponseCache.from_settings(self.settings.cache, observer=CacheMetrics.in_serve()),
         ))

@@ -77,11 +77,14 @@ class AdmissionControl:
     """
 
     def __init__(self, app, limit: Callable[[], int], retry_after_s: Callable[[], int],
-                 paths: tuple[str, ...] = ("/translation", "/embeddings", "/v1/embeddings")):
+                 paths: tuple[str, ...] = ("/translation", "/embeddings", "/v1/embeddings"),
+                 prefixes: tuple[str, ...] = ("/models/",)):
         self.app = app
         self.limit = limit
         self.retry_after_s = retry_after_s
         self.paths = paths
+        #: model routes with a variable part (`/models/<name>/predict`)
+        self.prefixes = prefixes
         self.shed = 0
 
     @property
@@ -89,7 +92,8 @@ class AdmissionControl:
         return DRAIN.in_flight
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope.get("path") not in self.paths:
+        path = scope.get("path") or ""
+        if scope["type"] != "http" or (path not in self.paths and not path.startswith(self.prefixes)):
             return await self.app(scope, receive, send)
         if DRAIN.draining:
             retry = self.retry_after_s()

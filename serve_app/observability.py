@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections import Counter as Tally
 from typing import Optional
 
@@ -28,7 +29,13 @@ KNOWN_ROUTES = ("/translation", "/embeddings", "/v1/embeddings", "/healthz", "/r
 LATENCY_BOUNDARIES_S = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60]
 
 
+#: custom model routes share one label (any name a client sends would otherwise become a label)
+PREDICT_ROUTE = re.compile(r"^/models/[^/]+/predict$")
+
+
 def route_label(path: str) -> str:
+    if PREDICT_ROUTE.match(path):
+        return "/models/{name}/predict"
     return path if path in KNOWN_ROUTES else "other"
 
 

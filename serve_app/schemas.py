@@ -141,6 +141,20 @@ class EmbeddingsResponse(BaseModel):
     usage: EmbeddingsUsage
 
 
+class PredictRequest(_Body):
+    inputs: list[dict[str, Any]] = Field(
+        ..., min_length=1,
+        description="Items for the model, each an object matching its `Input` schema (see /v1/models).",
+        examples=[[{"sepal_length_cm": 5.1, "sepal_width_cm": 3.5, "petal_length_cm": 1.4, "petal_width_cm": 0.2}]],
+    )
+
+
+class PredictResponse(BaseModel):
+    model: str = Field(..., description="The model's name, as in the URL.")
+    outputs: list[dict[str, Any]] = Field(
+        ..., description="One object per input, in the inputs' order, matching the model's `Output` schema.")
+
+
 class ErrorResponse(BaseModel):
     error: str = Field(..., description="A sentence for a person.")
     error_type: str = Field(..., description="A stable snake_case code for programs.")
@@ -149,11 +163,15 @@ class ErrorResponse(BaseModel):
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"] = "model"
-    task: Literal["translation", "embeddings"]
+    task: Literal["translation", "embeddings", "prediction"]
     deployment: str
     backend: str
     language_pairs: Optional[list[str]] = None
     dimensions: Optional[int] = None
+    input_schema: Optional[dict[str, Any]] = Field(
+        None, description="For `prediction` models: JSON schema of one item of `inputs`.")
+    output_schema: Optional[dict[str, Any]] = Field(
+        None, description="For `prediction` models: JSON schema of one item of `outputs`.")
     batching: dict[str, Any]
     details: dict[str, Any] = Field(default_factory=dict)
 
@@ -176,4 +194,10 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     422: {"model": ErrorResponse, "description": "The body does not match the schema."},
     503: {"model": ErrorResponse, "description": "Overloaded or model unavailable; see Retry-After."},
     504: {"model": ErrorResponse, "description": "The request did not finish within its deadline."},
+}
+
+#: the error answers of `POST /models/{name}/predict`: the common ones and 404 for an unknown name
+PREDICT_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **ERROR_RESPONSES,
+    404: {"model": ErrorResponse, "description": "No model of that name is served (`model_not_found`)."},
 }

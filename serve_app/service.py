@@ -13,14 +13,19 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Hashable, Optional, Sequence, TypeVar
 
 import numpy as np
+from pydantic import ValidationError
 
 from deployments.batching import Chunk, split
 
 from .cache import ResponseCache
 from .clients import ModelClient
-from .errors import PayloadTooLarge, RequestTimeout, ServeAppError, UnsupportedLanguagePair, UnsupportedModel
+from .custom_models import ModelModule, import_model_module
+from .errors import (
+    InvalidRequest, ModelNotFound, PayloadTooLarge, RequestTimeout, ServeAppError, UnsupportedLanguagePair,
+    UnsupportedModel, describe_validation_errors,
+)
 from .schemas import (
-    Embedding, EmbeddingsRequest, EmbeddingsResponse, EmbeddingsUsage, TranslatedRecord,
+    PredictResponse, Embedding, EmbeddingsRequest, EmbeddingsResponse, EmbeddingsUsage, TranslatedRecord,
     TranslationPayload, TranslationResponse, normalise_language,
 )
 from .settings import AppSettings
@@ -92,6 +97,7 @@ Compute = Callable[[list[str]], Awaitable[tuple[list[Any], int]]]
 
 class Service:
     def __init__(self, settings: AppSettings, translator: ModelClient, embedder: ModelClient,
+                 models: Optional[dict[str, ModelClient]] = None,
                  cache: Optional[ResponseCache] = None):
         self.settings = settings
         self.translator = translator
@@ -100,6 +106,8 @@ class Service:
         self.cache = cache
         self._info: dict[str, tuple[float, dict]] = {}
         self._reported_failures: set[tuple] = set()
+        #: custom models (`models:`) by name: their deployment's client and module (schemas only)
+        self.custom_models = _custom_models(settings, models or {})
 
     @property
     def limits(self):
@@ -217,6 +225,28 @@ class Service:
             data=data, model=name, usage=EmbeddingsUsage(prompt_tokens=tokens, total_tokens=tokens)
         ), computed
 
+    async def predict(self, name: str, inputs: list[Any],
+                      timeout_s: Optional[float] = None) -> tuple[PredictResponse, int]:
+        """Run the custom model `name` on `inputs` (validated against its module's `Input`);
+        returns its outputs in the inputs' order and the largest model batch they rode in."""
+        model = self.custom_models.get(name)
+        if model is None:
+            served = ", ".join(repr(n) for n in sorted(self.custom_models)) or "none"
+            raise ModelNotFound(f"No model named {name!r} is served here; models: {served}.")
+        if len(inputs) > self.limits.max_predict_inputs:
+            raise PayloadTooLarge(
+                f"{len(inputs)} inputs in one request; the limit is {self.limits.max_predict_inputs}."
+            )
+        items = model.validate(inputs)
+        calls = [
+            (lambda piece=piece: model.client.call("predict", piece))
+            for piece in split(items, self.limits.inputs_per_predict_call)
+        ]
+        results = await self._with_deadline(
+            gather_limited(calls, self.limits.max_inflight_calls_per_request), timeout_s)
+        outputs = [output for outputs, _ in results for output in outputs]
+        return PredictResponse(model=name, outputs=outputs), max(size for _, size in results)
+
     async def readiness(self) -> dict[str, str]:
         """Each model deployment's state: `ready`, or why not.
 
@@ -235,7 +265,7 @@ class Service:
                 failure = await self._deployment_failure(client)
                 return f"failed: {failure}" if failure else f"unavailable: {exc.message}"
 
-        clients = [self.translator, self.embedder]
+        clients = [self.translator, self.embedder, *(m.client for m in self.custom_models.values())]
         states = await asyncio.gather(*(probe(c) for c in clients))
         return {c.name: s for c, s in zip(clients, states)}
 
@@ -258,9 +288,11 @@ class Service:
         return None
 
     async def models(self) -> list[dict[str, Any]]:
-        translator, embedder = await self._with_deadline(
-            asyncio.gather(self.model_info(self.translator, fresh=True), self.model_info(self.embedder, fresh=True))
-        )
+        custom = list(self.custom_models.values())
+        translator, embedder, *infos = await self._with_deadline(asyncio.gather(
+            self.model_info(self.translator, fresh=True), self.model_info(self.embedder, fresh=True),
+            *(self.model_info(m.client, fresh=True) for m in custom),
+        ))
         return [
             {"id": translator["model"], "task": "translation", "deployment": translator["deployment"],
              "backend": translator["backend"], "language_pairs": translator["language_pairs"],
@@ -268,7 +300,46 @@ class Service:
             {"id": embedder["model"], "task": "embeddings", "deployment": embedder["deployment"],
              "backend": embedder["backend"], "dimensions": embedder["dimensions"],
              "batching": embedder["batching"], "details": embedder["details"]},
-        ]
+        ] + [model.card(info) for model, info in zip(custom, infos)]
+
+
+@dataclass(frozen=True)
+class CustomModel:
+    """A custom model as the ingress sees it: the client of its deployment and its module,
+    imported for the `Input` / `Output` schemas only (`load` runs in the model's replicas)."""
+
+    name: str
+    client: ModelClient
+    module: ModelModule
+
+    def validate(self, inputs: list[Any]) -> list[dict]:
+        """Each input checked against the module's `Input` (422 quoting every bad field), as the
+        JSON-ready dicts sent to the replica."""
+        items, errors = [], []
+        for i, raw in enumerate(inputs):
+            try:
+                items.append(self.module.Input.model_validate(raw).model_dump(mode="json"))
+            except ValidationError as exc:
+                errors += [{**e, "loc": ("inputs", i, *e["loc"])} for e in exc.errors()]
+        if errors:
+            raise InvalidRequest(describe_validation_errors(errors))
+        return items
+
+    def card(self, info: dict) -> dict[str, Any]:
+        """The model's /v1/models entry."""
+        return {"id": self.name, "task": "prediction", "deployment": info["deployment"],
+                "backend": info["backend"], "batching": info["batching"],
+                "details": {"module": info["module"], **info["details"]},
+                "input_schema": self.module.Input.model_json_schema(),
+                "output_schema": self.module.Output.model_json_schema()}
+
+
+def _custom_models(settings: AppSettings, clients: dict[str, ModelClient]) -> dict[str, CustomModel]:
+    missing = [spec.name for spec in settings.models if spec.name not in clients]
+    if missing:
+        raise ValueError(f"no deployment client for the custom models {missing!r}")
+    return {spec.name: CustomModel(spec.name, clients[spec.name], import_model_module(spec.module))
+            for spec in settings.models}
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -14,7 +14,7 @@ def test_client_translates_and_embeds(serve_url):
             "A vida é como uma caixa de chocolates."]
         vectors = client.embed(["The food was delicious.", "Good morning."])
         assert len(vectors) == 2 and all(len(v) == 384 for v in vectors)
-        assert {m["task"] for m in client.models()} == {"translation", "embeddings"}
+        assert {m["task"] for m in client.models()} == {"translation", "embeddings", "prediction"}  # + iris
         with pytest.raises(ServeAppHTTPError) as err:
             client.translate(["Hallo"], source="de", target="pt")
         assert err.value.status_code == 400 and err.value.error_type == "unsupported_language_pair"
