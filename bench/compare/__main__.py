@@ -16,12 +16,13 @@ import json
 import subprocess
 import tempfile
 import time
+import urllib.request
 from datetime import datetime, timezone
 from pathlib import Path
 
 from bench.compare import load, report, stats
 from bench.compare.contenders import CONTENDERS, MAIN_PYTHON, OFFLINE, Contender, contender_env
-from bench.compare.machine import describe_machine
+from bench.compare.machine import describe_machine, source_revision
 from bench.compare.procs import Server, ServerFailed
 from bench.compare.profiles import PROFILES, Profile
 from bench.load import POOL
@@ -66,6 +67,9 @@ def run_contender(contender: Contender, workload: str, profile: Profile, port: i
         targets = {r: load.Target(url, path, kind, r, tuple(POOL)) for r in profile.records}
         if not load.drain(targets[1]):
             raise ServerFailed(f"first request failed; log tail:\n{server.log.read_text(errors='replace')[-3000:]}")
+        if contender.info_path:
+            with urllib.request.urlopen(url + contender.info_path, timeout=30) as resp:
+                results["contender_info"][f"{contender.name}/{workload}"] = json.loads(resp.read())
         load.run_closed(targets[1], texts_file, WARMUP_CONCURRENCY, profile.warmup_s)
         load.drain(targets[1])
         for records in profile.records:
@@ -114,10 +118,10 @@ def main() -> None:
     chosen = [c for c in CONTENDERS if not args.only or c.name in args.only.split(",")]
     workloads = tuple(args.workloads.split(",")) if args.workloads else profile.workloads
     results = {"profile": profile.name, "started_at": f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC}",
-               "machine": describe_machine(), "workloads": list(workloads), "records": list(profile.records),
+               "machine": describe_machine(), "revision": source_revision(), "workloads": list(workloads), "records": list(profile.records),
                "concurrencies": list(profile.concurrencies), "cell_s": profile.cell_s, "open_s": profile.open_s,
                "contenders": [c.name for c in chosen], "labels": {c.name: c.label for c in chosen},
-               "offline": {}, "cells": [], "failures": [], "startup_s": {}, "wall_s": {}}
+               "offline": {}, "cells": [], "failures": [], "contender_info": {}, "startup_s": {}, "wall_s": {}}
     began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-compare-") as tmp:
         scratch = Path(tmp)

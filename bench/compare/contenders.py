@@ -9,7 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from bench.peers.models import ROOT, project_env
+import yaml
+
+from bench.peers.models import ROOT, project_args
 
 MAIN_PYTHON = Path(sys.executable)
 BENTOML_VENV = ROOT / ".bench-venvs" / "bentoml"
@@ -26,6 +28,8 @@ class Contender:
     ready_path: str = "/readyz"
     body_kind: str = "contract"  # "contract" (serve-app's) or "texts" (BentoML's)
     ready_timeout_s: float = 180.0
+    #: GET path whose JSON is recorded (what the server says it runs), if any
+    info_path: str | None = None
     #: why it cannot run here, if it cannot (recorded in the results instead of dropping it)
     unavailable: Callable[[], str | None] = lambda: None
 
@@ -53,10 +57,29 @@ def _import_missing(module: str) -> Callable[[], str | None]:
     return check
 
 
+def _merge(base: dict, extra: dict) -> dict:
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _merge(base[key], value)
+        else:
+            base[key] = value
+    return base
+
+
 def _serve_app_argv(workload: str, port: int, scratch: Path) -> list[str]:
+    """serve_config.yaml with the bench port and the workload's model args, checked like `make run` does."""
     config = scratch / "serve_config.yaml"
-    subprocess.run([str(MAIN_PYTHON), "-m", "serve_app.config_check", str(SERVE_CONFIG), "--port", str(port),
-                    "--write", str(config)], check=True, cwd=ROOT, capture_output=True)
+    check = [str(MAIN_PYTHON), "-m", "serve_app.config_check"]
+    subprocess.run([*check, str(SERVE_CONFIG), "--port", str(port), "--write", str(config)],
+                   check=True, cwd=ROOT, capture_output=True)
+    rendered = yaml.safe_load(config.read_text())
+    for app in rendered["applications"]:
+        if app["import_path"].startswith("serve_app."):
+            _merge(app.setdefault("args", {}), project_args(workload))
+    config.write_text(yaml.safe_dump(rendered, sort_keys=False))
+    done = subprocess.run([*check, str(config)], cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise ValueError(f"serve-app config for {workload} is invalid: {done.stdout}{done.stderr}")
     return [str(MAIN_PYTHON), "-m", "serve_app.run", str(config)]
 
 
@@ -68,8 +91,8 @@ CONTENDERS: tuple[Contender, ...] = (
     Contender("bentoml", "BentoML", _bentoml_argv, body_kind="texts", unavailable=_bentoml_missing,
               env=lambda workload: {"BENCH_WORKLOAD": workload, "BENTOML_DO_NOT_TRACK": "True",
                                     "BENTOML_HOME": str(ROOT / ".bench-venvs" / "bentoml-home")}),
-    Contender("serve_app", "serve-app (this project)", _serve_app_argv,
-              env=lambda workload: {**project_env(workload), "SERVE_APP_DRAIN_TIMEOUT_S": "2"}),
+    Contender("serve_app", "serve-app (this project)", _serve_app_argv, info_path="/v1/models",
+              env=lambda workload: {"SERVE_APP_DRAIN_TIMEOUT_S": "2"}),
 )
 
 #: The in-process ceiling, reported beside the servers.

@@ -29,6 +29,16 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown CPU"
 
 
+def source_revision() -> str:
+    """The commit measured, and whether the working tree had uncommitted changes."""
+    root = BENTOML_VENV.parents[1]
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                           capture_output=True, text=True)
+    state = " + uncommitted changes" if dirty.stdout.strip() else ""
+    return (head.stdout.strip() or "unknown") + state
+
+
 def describe_machine() -> str:
     mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     versions = {name: _version(name) for name in PACKAGES}

@@ -79,7 +79,8 @@ def targets(results: dict, project: str = "serve_app", naive: str = "naive") -> 
 def markdown(results: dict) -> str:
     labels = results["labels"]
     lines = [f"# Benchmark results ({results['profile']} profile)", "",
-             f"Run {results['started_at']} on {results['machine']}. Method and caveats: [README.md](README.md).", "",
+             f"Run {results['started_at']} on {results['machine']}.", "",
+             f"Source: {results.get('revision', 'unknown')}. Method and caveats: [README.md](README.md).", "",
              "## Targets", "", "| target | figure | verdict |", "|---|---|---|"]
     for t in targets(results):
         verdict = {True: "met", False: "**not met**", None: "not measured"}[t["met"]]

@@ -86,18 +86,16 @@ def build_marian_sized() -> Path:
     return built
 
 
-def project_env(workload: str) -> dict[str, str]:
-    """Environment that makes `python -m serve_app.run` serve this workload's model."""
-    env = {"SERVE_APP_CACHE_ENABLED": "false"}  # compute every answer, like the peers
+def project_args(workload: str) -> dict:
+    """The serve-app application `args:` that make it serve this workload's model (merged into
+    serve_config.yaml's, which take precedence over environment variables)."""
+    args: dict = {"cache": {"enabled": False}}  # compute every answer, like the peers
     if workload == "translation-transformers":
-        env.update({
-            "SERVE_APP_TRANSLATION_BACKEND": "transformers",
-            "SERVE_APP_TRANSLATION_MODEL": str(marian_folder()),
-            "SERVE_APP_TRANSLATION_LOCAL_FILES_ONLY": "true",
-            "SERVE_APP_TRANSLATION_MAX_NEW_TOKENS": str(DECODE_TOKENS),
-            "SERVE_APP_TRANSLATION_MIN_NEW_TOKENS": str(DECODE_TOKENS),
-        })
-    return env
+        args["translation"] = {
+            "backend": "transformers", "model": str(marian_folder()), "local_files_only": True,
+            "max_new_tokens": DECODE_TOKENS, "min_new_tokens": DECODE_TOKENS,
+        }
+    return args
 
 
 def project_batching(workload: str, config_path: Path = ROOT / "serve_config.yaml") -> tuple[int, float]:
