@@ -3,18 +3,92 @@
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import logging
 import math
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
+from enum import IntEnum
 from typing import Any, Callable, Optional
 
 from ._config import BatchConfig, parse_batch_config
+from .adaptive_batching import AIMDBatchSizer, AIMDSettings
+from .batching import split
 
 logger = logging.getLogger("ray.serve")
 
 #: model calls that must fail in a row before check_health reports the replica broken
 FAILURES_BEFORE_UNHEALTHY = 3
+
+
+class Priority(IntEnum):
+    """Order of model work waiting for the model thread: lower runs first."""
+
+    #: HTTP requests a client waits on (/translation, /embeddings, /models/.../predict)
+    INTERACTIVE = 0
+    #: records of asynchronous jobs (POST /jobs): computed when no interactive batch waits
+    BACKGROUND = 1
+
+
+class PriorityModelThread:
+    """One thread that runs model calls one at a time, highest priority first.
+
+    A replica's batch queues (one interactive, one background) each hand it at most
+    one batch at a time; when both wait, the interactive batch goes first, so an
+    interactive request waits for at most the background batch already computing.
+    Within a priority, calls run in the order they came. A call cancelled before it
+    started (its caller gave up) is skipped, never computed.
+    """
+
+    def __init__(self, name: str = "model"):
+        self._heap: list[tuple[int, int, Future, Callable[[], Any]]] = []
+        self._order = itertools.count()
+        self._ready = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._work, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable[[], Any], priority: int = Priority.INTERACTIVE) -> Future:
+        future: Future = Future()
+        with self._ready:
+            if self._closed:
+                raise RuntimeError("the model thread is shut down")
+            heapq.heappush(self._heap, (int(priority), next(self._order), future, fn))
+            self._ready.notify()
+        return future
+
+    def waiting(self) -> dict[int, int]:
+        """Calls waiting (not computing), by priority."""
+        with self._ready:
+            counts: dict[int, int] = {}
+            for priority, _, future, _ in self._heap:
+                if not future.cancelled():
+                    counts[priority] = counts.get(priority, 0) + 1
+            return counts
+
+    def shutdown(self) -> None:
+        with self._ready:
+            self._closed = True
+            self._ready.notify_all()
+
+    def _work(self) -> None:
+        while True:
+            with self._ready:
+                while not self._heap and not self._closed:
+                    self._ready.wait()
+                if not self._heap:
+                    return
+                _, _, future, fn = heapq.heappop(self._heap)
+            if not future.set_running_or_notify_cancel():
+                continue  # cancelled while waiting: never computed
+            try:
+                result = fn()
+            except BaseException as exc:  # handed to the awaiting caller
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
 
 
 def cpu_share(default: float = 1.0) -> float:
@@ -118,9 +192,10 @@ class _TrackedBatchMethod:
     Attribute access (set_max_batch_size, ...) goes to the wrapped method.
     """
 
-    def __init__(self, replica: "ModelReplica", method: Any):
+    def __init__(self, replica: "ModelReplica", method: Any, priority: Priority = Priority.INTERACTIVE):
         self._replica = replica
         self._method = method
+        self._priority = priority
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._method, name)
@@ -131,6 +206,10 @@ class _TrackedBatchMethod:
         replica._tickets[id(item)] = ticket
         replica._stats["enqueued"] += ticket.records
         replica._metrics.count_enqueued(ticket.records)
+        interactive = self._priority == Priority.INTERACTIVE
+        if interactive:
+            replica._interactive_calls += 1
+            replica._interactive_idle.clear()
         try:
             return await self._method(item)
         except asyncio.CancelledError:
@@ -140,6 +219,10 @@ class _TrackedBatchMethod:
             raise
         finally:
             replica._tickets.pop(id(item), None)
+            if interactive:
+                replica._interactive_calls -= 1
+                if replica._interactive_calls == 0:
+                    replica._interactive_idle.set()
 
 
 def _records_of(item: Any) -> int:
@@ -158,22 +241,41 @@ class ModelReplica:
 
     def _init_replica(self) -> None:
         # One thread runs the model so the replica's event loop keeps accepting
-        # calls (and forming the next batch) while a batch computes.
-        self._model_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
+        # calls (and forming the next batch) while a batch computes; interactive
+        # batches go ahead of background (job) batches waiting for it.
+        self._model_thread = PriorityModelThread(f"{self.deployment_name}-model")
         self._failures_in_a_row = 0
         self._last_error: Optional[str] = None
         self._metrics = _Metrics(self.deployment_name)
         #: in-process tallies of records: entered the queue, computed, cancelled while queued
-        self._stats = {"enqueued": 0, "computed": 0, "cancelled": 0}
+        self._stats = {"enqueued": 0, "computed": 0, "cancelled": 0,
+                       "computed_interactive": 0, "computed_background": 0,
+                       # CPU seconds of the model thread inside model calls (bench/overhead.py
+                       # subtracts it from the replica's CPU to find Serve's share)
+                       "model_cpu_s": 0.0}
         self._tickets: dict[int, _Ticket] = {}
+        # Interactive calls queued or computing; background batches wait until there are none.
+        self._interactive_calls = 0
+        self._interactive_idle = asyncio.Event()
+        self._interactive_idle.set()
+        background = {m.__name__ for m in self._background_batched_methods()}
         for method in self._batched_methods():
-            setattr(self, method.__name__, _TrackedBatchMethod(self, method))
+            priority = Priority.BACKGROUND if method.__name__ in background else Priority.INTERACTIVE
+            setattr(self, method.__name__, _TrackedBatchMethod(self, method, priority))
         self.batch_config = self.default_batch
+        self._sizer: Optional[AIMDBatchSizer] = None  # SLO-adaptive batch size, when configured
         self._apply_batch_config()
         self.ready_at = time.time()
 
     def _batched_methods(self) -> list[Any]:
+        """Every `@serve.batch` method (reconfigure sets their batch knobs)."""
         raise NotImplementedError
+
+    def _background_batched_methods(self) -> list[Any]:
+        """The `@serve.batch` methods that carry job (background) work: their batches start only
+        when no interactive call is queued or computing on this replica. By convention, the
+        batched methods whose name contains `_background`."""
+        return [m for m in self._batched_methods() if "_background" in m.__name__]
 
     def _batch_started(self, items: list[Any]) -> None:
         """Call first thing in a `@serve.batch` method: marks its calls as started (no longer
@@ -186,13 +288,49 @@ class ModelReplica:
                 self._metrics.observe_queue_wait(now - ticket.enqueued_at)
 
     def stats(self) -> dict:
-        """Records this replica queued, computed and dropped (cancelled while queued)."""
+        """Records this replica queued, computed and dropped (cancelled while queued), and the
+        model thread's CPU seconds in model calls (`model_cpu_s`)."""
         return dict(self._stats)
 
     def _apply_batch_config(self) -> None:
         for method in self._batched_methods():
             method.set_max_batch_size(self.batch_config.max_batch_size)
             method.set_batch_wait_timeout_s(self.batch_config.batch_wait_timeout_s)
+        aimd = AIMDSettings.from_batch_config(self.batch_config)
+        if aimd is None:
+            self._sizer = None
+        elif self._sizer is None:
+            self._sizer = AIMDBatchSizer(aimd, self._set_live_max_batch_size)
+        else:
+            self._sizer.reconfigure(aimd)
+
+    def _set_live_max_batch_size(self, size: int) -> None:
+        for method in self._batched_methods():
+            method.set_max_batch_size(size)
+
+    def live_max_batch_size(self) -> int:
+        """The batch size in force: the adaptive controller's, else the configured max_batch_size."""
+        return self._sizer.size if self._sizer is not None else self.batch_config.max_batch_size
+
+    async def _submit_pieces(self, batched: Any, records: list, make_item: Callable[[list], Any]) -> list:
+        """Cut `records` into pieces of the live batch size, submit each (`make_item(piece)`) to the
+        `@serve.batch` method `batched` at once, and return the results in order (one per piece).
+
+        Serve refuses a queued item larger than max_batch_size: if the adaptive size shrank under a
+        piece while it waited, the piece is cut again to the new size and resubmitted.
+        """
+        async def submit(piece: list) -> list:
+            try:
+                return [await batched(make_item(piece))]
+            except RuntimeError:
+                size = self.live_max_batch_size()
+                if len(piece) <= size:
+                    raise
+                parts = await asyncio.gather(*(submit(part) for part in split(piece, size)))
+                return [result for part in parts for result in part]
+
+        pieces = await asyncio.gather(*(submit(piece) for piece in split(records, self.live_max_batch_size())))
+        return [result for piece in pieces for result in piece]
 
     def reconfigure(self, user_config: dict) -> None:
         """Serve calls this with the deployment's user_config at start and on every `serve deploy`."""
@@ -200,10 +338,25 @@ class ModelReplica:
         self._apply_batch_config()
         logger.info("%s batch config: %s", self.deployment_name, self.batch_config.model_dump())
 
-    async def _run_model(self, fn: Callable[[], Any], records: int) -> Any:
-        start = time.perf_counter()
+    async def _run_model(self, fn: Callable[[], Any], records: int,
+                         priority: int = Priority.INTERACTIVE) -> Any:
+        """Run `fn` (one batch of `records`) on the model thread at `priority`; the model
+        time observed is the computation alone, not the wait for the thread.
+
+        A background batch first waits until no interactive call is queued or computing:
+        interactive requests never wait behind more than the one job batch already computing."""
+        if priority >= Priority.BACKGROUND:
+            while self._interactive_calls:
+                await self._interactive_idle.wait()
+        def timed() -> tuple[Any, float]:
+            start, cpu_start = time.perf_counter(), time.thread_time()
+            try:
+                return fn(), time.perf_counter() - start
+            finally:
+                self._stats["model_cpu_s"] += time.thread_time() - cpu_start
+
         try:
-            result = await asyncio.get_running_loop().run_in_executor(self._model_thread, fn)
+            result, seconds = await asyncio.wrap_future(self._model_thread.submit(timed, priority))
         except Exception as exc:
             self._failures_in_a_row += 1
             self._last_error = repr(exc)
@@ -211,7 +364,10 @@ class ModelReplica:
             raise
         self._failures_in_a_row = 0
         self._stats["computed"] += records
-        self._metrics.observe_batch(records, time.perf_counter() - start)
+        self._stats["computed_background" if priority >= Priority.BACKGROUND else "computed_interactive"] += records
+        self._metrics.observe_batch(records, seconds)
+        if self._sizer is not None:
+            self._sizer.observe(seconds, records)
         return result
 
     def check_health(self) -> None:
@@ -223,4 +379,7 @@ class ModelReplica:
             )
 
     def batching_info(self) -> dict:
-        return self.batch_config.model_dump()
+        info = self.batch_config.user_config()
+        if self._sizer is not None:
+            info["adaptive"] = self._sizer.snapshot()
+        return info

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 import numpy as np
@@ -11,9 +10,9 @@ from ray import serve
 from serve_app.settings import EmbeddingSettings
 
 from ._config import EMBEDDER_BATCH, model_deployment_options
-from ._replica import ModelReplica, cpu_share, threads_for_share
+from ._replica import ModelReplica, Priority, cpu_share, threads_for_share
 from .backends.embedding import SentenceEmbedder
-from .batching import count_records, split
+from .batching import count_records
 
 logger = logging.getLogger("ray.serve")
 
@@ -35,31 +34,45 @@ class Embedder(ModelReplica):
         logger.info("Embedder ready: model=%s threads=%d", self.model.model_path, threads)
 
     def _batched_methods(self):
-        return [self._embed_batch]
+        return [self._embed_batch, self._embed_background_batch]
 
-    async def embed(self, texts: list[str]) -> tuple[np.ndarray, list[int], int]:
-        """Embed texts; returns vectors (n x dims float32), token counts and the largest batch used."""
-        pieces = split(texts, self.batch_config.max_batch_size)
-        results = await asyncio.gather(*(self._embed_batch(piece) for piece in pieces))
+    async def embed(self, texts: list[str], background: bool = False) -> tuple[np.ndarray, list[int], int]:
+        """Embed texts; returns vectors (n x dims float32), token counts and the largest batch used.
+
+        `background=True` (job inputs) queues the texts behind interactive requests."""
+        batched = self._embed_background_batch if background else self._embed_batch
+        results = await self._submit_pieces(batched, texts, list)
         vectors = np.concatenate([v for v, _, _ in results]) if len(results) > 1 else results[0][0]
         return vectors, [t for _, tokens, _ in results for t in tokens], max(b for _, _, b in results)
 
-    @serve.batch(
-        max_batch_size=EMBEDDER_BATCH.max_batch_size,
-        batch_wait_timeout_s=EMBEDDER_BATCH.batch_wait_timeout_s,
-        batch_size_fn=count_records,
-    )
-    async def _embed_batch(self, items: list[list[str]]) -> list[tuple[np.ndarray, list[int], int]]:
+    async def _embed_items(self, items: list[list[str]], priority: Priority) -> list[tuple[np.ndarray, list[int], int]]:
         self._batch_started(items)
         records = count_records(items)
         flat = [text for item in items for text in item]
-        vectors, tokens = await self._run_model(lambda: self.model.embed_sorted(flat), records)
+        vectors, tokens = await self._run_model(lambda: self.model.embed_sorted(flat), records, priority)
         out, offset = [], 0
         for item in items:
             n = len(item)
             out.append((vectors[offset:offset + n], tokens[offset:offset + n], records))
             offset += n
         return out
+
+    # Interactive and job inputs batch separately; the model thread runs interactive batches first.
+    @serve.batch(
+        max_batch_size=EMBEDDER_BATCH.max_batch_size,
+        batch_wait_timeout_s=EMBEDDER_BATCH.batch_wait_timeout_s,
+        batch_size_fn=count_records,
+    )
+    async def _embed_batch(self, items: list[list[str]]) -> list[tuple[np.ndarray, list[int], int]]:
+        return await self._embed_items(items, Priority.INTERACTIVE)
+
+    @serve.batch(
+        max_batch_size=EMBEDDER_BATCH.max_batch_size,
+        batch_wait_timeout_s=EMBEDDER_BATCH.batch_wait_timeout_s,
+        batch_size_fn=count_records,
+    )
+    async def _embed_background_batch(self, items: list[list[str]]) -> list[tuple[np.ndarray, list[int], int]]:
+        return await self._embed_items(items, Priority.BACKGROUND)
 
     def ready(self) -> dict:
         return {"deployment": self.deployment_name, "ready_at": self.ready_at}

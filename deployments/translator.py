@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from ray import serve
@@ -10,9 +9,10 @@ from ray import serve
 from serve_app.settings import TranslationSettings
 
 from ._config import TRANSLATOR_BATCH, model_deployment_options
-from ._replica import ModelReplica, cpu_share, threads_for_share
+from ._replica import ModelReplica, Priority, cpu_share, threads_for_share
 from .backends import load_translation_backend
-from .batching import Chunk, count_records, run_grouped, split
+from .batching import Chunk, count_records, run_grouped
+from .length_batching import run_token_batched
 
 logger = logging.getLogger("ray.serve")
 
@@ -32,32 +32,55 @@ class Translator(ModelReplica):
                     self.backend.name, self.backend.model_id, threads)
 
     def _batched_methods(self):
-        return [self._translate_batch]
+        return [self._translate_batch, self._translate_background_batch]
 
-    async def translate(self, chunk: Chunk) -> tuple[list[str], int]:
-        """Translate one chunk; returns the texts and the largest model batch they rode in."""
-        pieces = split(chunk.texts, self.batch_config.max_batch_size)
-        results = await asyncio.gather(
-            *(self._translate_batch(Chunk(chunk.source, chunk.target, piece)) for piece in pieces)
-        )
+    async def translate(self, chunk: Chunk, background: bool = False) -> tuple[list[str], int]:
+        """Translate one chunk; returns the texts and the largest model batch they rode in.
+
+        `background=True` (job records) queues the chunk behind interactive requests."""
+        batched = self._translate_background_batch if background else self._translate_batch
+        results = await self._submit_pieces(
+            batched, chunk.texts, lambda piece: Chunk(chunk.source, chunk.target, piece))
         return [text for texts, _ in results for text in texts], max(size for _, size in results)
 
-    @serve.batch(
-        max_batch_size=TRANSLATOR_BATCH.max_batch_size,
-        batch_wait_timeout_s=TRANSLATOR_BATCH.batch_wait_timeout_s,
-        batch_size_fn=count_records,
-    )
-    async def _translate_batch(self, chunks: list[Chunk]) -> list[tuple[list[str], int]]:
+    async def _translate_chunks(self, chunks: list[Chunk], priority: Priority) -> list[tuple[list[str], int]]:
         self._batch_started(chunks)
         records = count_records(chunks)
         keys = [(c.source, c.target) for c in chunks]
 
         def run():
             return run_grouped(keys, [c.texts for c in chunks],
-                               lambda pair, texts: self.backend.translate(texts, pair[0], pair[1]))
+                               lambda pair, texts: self._translate_texts(texts, pair[0], pair[1]))
 
-        outputs = await self._run_model(run, records)
+        outputs = await self._run_model(run, records, priority)
         return [(texts, records) for texts in outputs]
+
+    def _translate_texts(self, texts: list[str], source: str, target: str) -> list[str]:
+        """One language pair's records of a batch: one model call, or with `max_batch_tokens` set,
+        sorted by token length and cut into calls of at most that many padded tokens."""
+        budget = self.batch_config.max_batch_tokens
+        if budget is None or len(texts) < 2:
+            return self.backend.translate(texts, source, target)
+        return run_token_batched(texts, self.backend.token_lengths(texts, source), budget,
+                                 lambda part: self.backend.translate(part, source, target))
+
+    # Two batch queues with the same knobs (reconfigure sets both): interactive requests and
+    # job records batch separately, and the model thread runs interactive batches first.
+    @serve.batch(
+        max_batch_size=TRANSLATOR_BATCH.max_batch_size,
+        batch_wait_timeout_s=TRANSLATOR_BATCH.batch_wait_timeout_s,
+        batch_size_fn=count_records,
+    )
+    async def _translate_batch(self, chunks: list[Chunk]) -> list[tuple[list[str], int]]:
+        return await self._translate_chunks(chunks, Priority.INTERACTIVE)
+
+    @serve.batch(
+        max_batch_size=TRANSLATOR_BATCH.max_batch_size,
+        batch_wait_timeout_s=TRANSLATOR_BATCH.batch_wait_timeout_s,
+        batch_size_fn=count_records,
+    )
+    async def _translate_background_batch(self, chunks: list[Chunk]) -> list[tuple[list[str], int]]:
+        return await self._translate_chunks(chunks, Priority.BACKGROUND)
 
     def ready(self) -> dict:
         return {"deployment": self.deployment_name, "ready_at": self.ready_at}

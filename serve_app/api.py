@@ -19,8 +19,9 @@ from . import middleware
 from .middleware import AdmissionControl, ApiKeyAuth, BodySizeLimit, LazyCORS, RequestObserver
 from .observability import RECORDS_SCOPE_KEY, RequestRecorder
 from .schemas import (
-    ERROR_RESPONSES, PREDICT_ERROR_RESPONSES, EmbeddingsRequest, EmbeddingsResponse, HealthResponse, ModelCard,
-    ModelsResponse, PredictRequest, PredictResponse, TranslationRequest, TranslationResponse,
+    ERROR_RESPONSES, JOB_RESPONSES, JOB_SUBMIT_RESPONSES, PREDICT_ERROR_RESPONSES, EmbeddingsRequest,
+    EmbeddingsResponse, HealthResponse, JobRequest, JobResponse, ModelCard, ModelsResponse, PredictRequest,
+    PredictResponse, TranslationRequest, TranslationResponse,
 )
 from .service import Computed, Service
 from .settings import IngressSettings
@@ -163,6 +164,28 @@ def create_app() -> FastAPI:
         result, batch = await service.predict(name, body.inputs, timeout_s=_deadline_s(timeout_ms))
         response.headers[BATCH_HEADER] = str(batch)
         return result
+
+    @app.post("/jobs", status_code=202, response_model=JobResponse, responses=JOB_SUBMIT_RESPONSES)
+    async def submit_job(body: JobRequest, response: Response, service: Service = Depends(get_service)):
+        """Compute a translation, embeddings or custom-model request in the background: 202 with the
+        job's id at once (`Location: /jobs/<id>`); poll GET /jobs/<id> for its state and result.
+        The payload is validated now, so a bad one gets the 4xx its route would answer. Job records
+        queue behind interactive requests in the model replicas."""
+        view = await service.submit_job(body.task, body.payload)
+        response.headers["Location"] = f"/jobs/{view['job_id']}"
+        return view
+
+    @app.get("/jobs/{job_id}", response_model=JobResponse, responses=JOB_RESPONSES)
+    async def get_job(job_id: str, service: Service = Depends(get_service)):
+        """The job's state (`queued`, `running`, `succeeded`, `failed`, `cancelled`), its progress,
+        and once it succeeded its result: exactly what its route would have answered."""
+        return await service.job(job_id)
+
+    @app.delete("/jobs/{job_id}", response_model=JobResponse, responses=JOB_RESPONSES)
+    async def cancel_job(job_id: str, service: Service = Depends(get_service)):
+        """Cancel a queued or running job: its records not yet computing are never computed.
+        A job that already finished is 409."""
+        return await service.cancel_job(job_id)
 
     @app.get("/healthz", response_model=HealthResponse)
     async def healthz():

@@ -15,6 +15,7 @@ from ray.serve import Application
 
 from deployments.custom_model import CustomModel
 from deployments.embedder import Embedder
+from deployments.job_manager import JobManager
 from deployments.translator import Translator
 
 from .custom_models import deployment_name
@@ -32,4 +33,7 @@ def build_app(args: Optional[dict[str, Any]] = None) -> Application:
         spec.name: CustomModel.options(name=deployment_name(spec.name)).bind(spec.model_dump())
         for spec in settings.models
     }
-    return Ingress.bind(translator, embedder, settings.model_dump(), models)
+    # The job store: one replica that every ingress calls (deployments/job_manager.py).
+    jobs = (JobManager.bind(translator, embedder, settings.model_dump(), models)
+            if settings.jobs.enabled else None)
+    return Ingress.bind(translator, embedder, settings.model_dump(), models, jobs)

@@ -10,7 +10,7 @@ import asyncio
 import logging
 from typing import Any, Protocol
 
-from .errors import InternalError, ModelUnavailable, Overloaded
+from .errors import InternalError, ModelUnavailable, Overloaded, ServeAppError
 
 logger = logging.getLogger("serve_app")
 
@@ -18,7 +18,7 @@ logger = logging.getLogger("serve_app")
 class ModelClient(Protocol):
     name: str
 
-    async def call(self, method: str, *args: Any) -> Any:
+    async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """Call `method` on the model deployment and return its result.
 
         Cancelling the awaiting task cancels the call (its queued records are dropped)."""
@@ -45,13 +45,13 @@ class HandleClient:
             self._methods[method] = self._handle.options(method_name=method)
         return self._methods[method]
 
-    async def call(self, method: str, *args: Any) -> Any:
+    async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
         from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
         attempt = 0
         while True:
-            response = self._method(method).remote(*args)
+            response = self._method(method).remote(*args, **kwargs)
             try:
                 if attempt == 0:
                     return await response
@@ -94,6 +94,9 @@ class HandleClient:
                     retry_after_s=self._retry_after_s,
                 ) from None
             except RayTaskError as exc:
+                if isinstance(exc.cause, ServeAppError):
+                    # The deployment answered with one of our errors (e.g. job_not_found): pass it on.
+                    raise exc.cause from None
                 logger.error("%s.%s raised: %s", self.name, method, exc)
                 raise InternalError(f"{self.name} failed on this request; the error has been logged.") from None
 

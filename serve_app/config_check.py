@@ -18,7 +18,9 @@ from typing import Any, Iterable
 import yaml
 
 MODEL_DEPLOYMENTS = ("Translator", "Embedder")
-DEPLOYMENT_NAMES = ("Ingress",) + MODEL_DEPLOYMENTS
+#: the job store (POST /jobs); in the app only when jobs.enabled
+JOB_DEPLOYMENT = "JobManager"
+DEPLOYMENT_NAMES = ("Ingress", JOB_DEPLOYMENT) + MODEL_DEPLOYMENTS
 BUILDER = "serve_app.builder:build_app"
 
 
@@ -77,6 +79,8 @@ def check_config(config: dict[str, Any]) -> list[str]:
             problems += _unknown(dep, DeploymentSchema.model_fields, dwhere)
             if app.get("import_path") == BUILDER and dname not in names:
                 problems.append(f"{dwhere}: no deployment named {dname!r} (deployments: {', '.join(names)})")
+            if dname == JOB_DEPLOYMENT and settings is not None and not settings.jobs.enabled:
+                problems.append(f"{dwhere}: args.jobs.enabled is false, so the app has no {dname} deployment")
             if isinstance(dep.get("autoscaling_config"), dict):
                 problems += _unknown(dep["autoscaling_config"], AutoscalingConfig.model_fields,
                                      f"{dwhere}.autoscaling_config")

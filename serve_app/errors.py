@@ -32,6 +32,11 @@ class ServeAppError(Exception):
         self.message = message
         self.retry_after_s = retry_after_s
 
+    def __reduce__(self):
+        # Keep retry_after_s when the error crosses a Ray call (pickled by the deployment that
+        # raised it, re-raised by the ingress with its status and Retry-After intact).
+        return _rebuild_error, (type(self), self.message, self.retry_after_s)
+
     def to_response(self, scope: Optional[dict] = None) -> JSONResponse:
         """The JSON response; `scope` (the ASGI scope) records the error type for the access log."""
         if scope is not None:
@@ -44,6 +49,10 @@ class ServeAppError(Exception):
             content={"error": self.message, "error_type": self.error_type},
             headers=headers,
         )
+
+
+def _rebuild_error(cls: type, message: str, retry_after_s: Optional[int]) -> "ServeAppError":
+    return cls(message, retry_after_s=retry_after_s)
 
 
 class InvalidRequest(ServeAppError):

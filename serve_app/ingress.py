@@ -32,7 +32,7 @@ INGRESS_MAX_ONGOING_REQUESTS = 512
 @serve.ingress(app)
 class Ingress:
     def __init__(self, translator: DeploymentHandle, embedder: DeploymentHandle, settings: dict,
-                 models: Optional[dict[str, DeploymentHandle]] = None):
+                 models: Optional[dict[str, DeploymentHandle]] = None, jobs: Optional[DeploymentHandle] = None):
         self.settings = AppSettings.model_validate(settings)
         retry = self.settings.ingress.retry_after_s
         retry_timeout = self.settings.ingress.replica_retry_timeout_s
@@ -46,6 +46,9 @@ class Ingress:
                     for name, handle in (models or {}).items()},
             # One cache per ingress replica, in its memory (None when cache.enabled is false).
             cache=ResponseCache.from_settings(self.settings.cache, observer=CacheMetrics.in_serve()),
+            # the JobManager deployment (POST /jobs), None when jobs.enabled is false
+            jobs=HandleClient("JobManager", jobs, retry_after_s=retry, retry_timeout_s=retry_timeout)
+            if jobs is not None else None,
         ))
         logger.info("Ingress ready with limits %s, response cache %s", self.settings.ingress.model_dump(),
                     self.settings.cache.model_dump())

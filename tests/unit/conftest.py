@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import asyncio
+
 import pytest
 
 from tests.fixtures.tiny_models import build_tiny_m2m100, build_tiny_marian, build_tiny_nllb
@@ -53,3 +55,25 @@ def m2m100_backend(tiny_m2m100_dir):
 @pytest.fixture(scope="session")
 def nllb_backend(tiny_nllb_dir):
     return _backend(tiny_nllb_dir)
+
+
+@pytest.fixture(scope="session")
+def loop():
+    """One event loop for every test that drives a deployment class directly.
+
+    @serve.batch keeps one queue per decorated method (per class, not per instance),
+    bound to the event loop of its first call: a second loop would find the queue's
+    consumer on a closed loop and hang. So all such tests share this loop.
+    """
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+@pytest.fixture(autouse=True)
+def _no_replica_context(monkeypatch):
+    """Ray 2.60's batch queue reads the replica context only to warn when max_batch_size
+    exceeds max_ongoing_requests; outside Serve there is none."""
+    from ray.serve import batching
+    monkeypatch.setattr(batching._BatchQueue, "_warn_if_max_batch_size_exceeds_max_ongoing_requests",
+                        lambda self: None)

@@ -20,11 +20,13 @@ class FakeTranslator:
         self.delay_s = delay_s
         self.fail = fail
         self.calls: list[Any] = []
+        #: the `background` flag of each compute call (job records are True)
+        self.backgrounds: list[bool] = []
         self.in_flight = 0
         self.max_in_flight = 0
         self.cancelled = 0
 
-    async def call(self, method: str, *args: Any) -> Any:
+    async def call(self, method: str, *args: Any, background: bool = False) -> Any:
         if method == "info":
             return {"deployment": "Translator", "backend": "fake", "model": "fake-mt",
                     "language_pairs": self.pairs, "batching": {"max_batch_size": 8}, "details": {}}
@@ -32,6 +34,7 @@ class FakeTranslator:
             return {"deployment": "Translator"}
         chunk = args[0]
         self.calls.append(chunk)
+        self.backgrounds.append(background)
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
@@ -54,8 +57,9 @@ class FakeEmbedder:
         self.dims = dims
         self.never_ready = never_ready
         self.calls: list[list[str]] = []
+        self.backgrounds: list[bool] = []
 
-    async def call(self, method: str, *args: Any) -> Any:
+    async def call(self, method: str, *args: Any, background: bool = False) -> Any:
         if method == "info":
             return {"deployment": "Embedder", "backend": "fake", "model": "all-MiniLM-L6-v2",
                     "dimensions": self.dims, "batching": {"max_batch_size": 8}, "details": {}}
@@ -65,6 +69,7 @@ class FakeEmbedder:
             return {}
         texts = args[0]
         self.calls.append(texts)
+        self.backgrounds.append(background)
         vectors = np.stack([np.full(self.dims, float(len(t)), dtype=np.float32) for t in texts])
         return vectors, [len(t.split()) + 2 for t in texts], len(texts)
 

@@ -104,3 +104,86 @@ def test_async_client_retries_and_orders_embeddings():
 
     assert asyncio.run(go()) == [[1.0], [2.0]]
     assert len(calls) == 2
+
+
+FAST_POLL = RetryPolicy(max_retries=3, default_wait_s=0.0, max_retry_wait_s=0.0,
+                        poll_interval_s=0.001, max_poll_interval_s=0.005)
+
+
+class FakeJobServer:
+    """POST/GET/DELETE /jobs: each job reports `running` for `polls_before_done` GETs, then its end."""
+
+    def __init__(self, end="succeeded", polls_before_done=3):
+        import json
+        self.json = json
+        self.end, self.polls_before_done = end, polls_before_done
+        self.jobs: dict[str, dict] = {}
+        self.deleted: list[str] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "POST":
+            body = self.json.loads(request.content)
+            job_id = f"job{len(self.jobs)}"
+            self.jobs[job_id] = {"body": body, "polls": 0, "status": "queued"}
+            return httpx.Response(202, json={"job_id": job_id, "status": "queued"})
+        job_id = request.url.path.rsplit("/", 1)[-1]
+        job = self.jobs.get(job_id)
+        if job is None:
+            return httpx.Response(404, json={"error": "no such job", "error_type": "job_not_found"})
+        if request.method == "DELETE":
+            if job["status"] in ("succeeded", "failed", "cancelled"):
+                return httpx.Response(409, json={"error": "finished", "error_type": "job_finished"})
+            job["status"] = "cancelled"
+            self.deleted.append(job_id)
+            return httpx.Response(200, json={"job_id": job_id, "status": "cancelled"})
+        job["polls"] += 1
+        if job["status"] != "cancelled":
+            job["status"] = self.end if job["polls"] > self.polls_before_done else "running"
+        view = {"job_id": job_id, "status": job["status"], "result": None, "error": None}
+        if job["status"] == "succeeded":
+            records = job["body"]["payload"]["records"]
+            view["result"] = {"result": [{"id": r["id"], "text": r["text"].upper()} for r in records]}
+        if job["status"] == "failed":
+            view["error"] = {"error": "model broke", "error_type": "internal_error"}
+        return httpx.Response(200, json=view)
+
+
+def test_submitted_jobs_resolve_their_futures_with_the_parsed_result():
+    server = FakeJobServer()
+    with Client(transport=httpx.MockTransport(server), retry=FAST_POLL) as client:
+        jobs = [client.submit_translation([f"text {i}", "more"], source="en", target="pt") for i in range(3)]
+        assert [job.result(timeout=10) for job in jobs] == [[f"TEXT {i}", "MORE"] for i in range(3)]
+        raw = client.submit("translation", {"fromLang": "en", "toLang": "pt", "records": [{"id": "a", "text": "x"}]})
+        assert raw.result(timeout=10) == {"result": [{"id": "a", "text": "X"}]}
+    assert all(job["polls"] == 4 for job in server.jobs.values())
+
+
+def test_a_failed_job_raises_its_error_type_and_cancel_deletes_on_the_server():
+    with Client(transport=httpx.MockTransport(FakeJobServer(end="failed")), retry=FAST_POLL) as client:
+        with pytest.raises(ServeAppHTTPError) as raised:
+            client.submit_translation(["x"], source="en", target="pt").result(timeout=10)
+        assert raised.value.error_type == "internal_error"
+    server = FakeJobServer(polls_before_done=10**9)
+    with Client(transport=httpx.MockTransport(server), retry=FAST_POLL) as client:
+        job = client.submit_translation(["x"], source="en", target="pt")
+        assert job.status() == "running"
+        assert job.cancel() and job.cancelled()
+        assert server.deleted == [job.job_id]
+
+
+def test_async_jobs_are_awaitable_and_cancellable():
+    async def scenario():
+        server = FakeJobServer()
+        async with AsyncClient(transport=httpx.MockTransport(server), retry=FAST_POLL) as client:
+            job = await client.submit_translation(["a", "b"], source="en", target="pt")
+            result = await job
+            slow = FakeJobServer(polls_before_done=10**9)
+            client._http._transport = httpx.MockTransport(slow)
+            pending = await client.submit_translation(["c"], source="en", target="pt")
+            assert await pending.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await pending
+            return result, slow.deleted
+
+    result, deleted = asyncio.run(scenario())
+    assert result == ["A", "B"] and deleted == ["job0"]

@@ -13,16 +13,6 @@ from deployments.translator import Translator
 from serve_app.settings import EmbeddingSettings, TranslationSettings
 
 TranslatorClass = Translator.func_or_class
-
-
-@pytest.fixture(autouse=True)
-def _no_replica_context(monkeypatch):
-    # Ray 2.60's batch queue reads the replica context only to warn when
-    # max_batch_size exceeds max_ongoing_requests; outside Serve there is none.
-    from ray.serve import batching
-    monkeypatch.setattr(batching._BatchQueue, "_warn_if_max_batch_size_exceeds_max_ongoing_requests",
-                        lambda self: None)
-
 EmbedderClass = Embedder.func_or_class
 
 
@@ -46,15 +36,6 @@ class RecordingBackend:
 
     def describe(self):
         return {}
-
-
-@pytest.fixture(scope="module")
-def loop():
-    # @serve.batch keeps one queue per decorated method (not per instance), bound
-    # to the event loop of its first call: share one loop across this module.
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
 
 
 @pytest.fixture

@@ -1,0 +1,122 @@
+"""Asynchronous jobs over HTTP against the running service: submit, poll, result, cancel, errors.
+
+(What survives an ingress restart is tested in tests/chaos/test_jobs_survive_ingress_restart.py.)"""
+
+from __future__ import annotations
+
+import uuid
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.support import wait_for
+
+from .test_custom_model import SETOSA, VIRGINICA
+
+
+@pytest.fixture(scope="module")
+def http(serve_url):
+    with httpx.Client(base_url=serve_url, timeout=60) as client:
+        yield client
+
+
+def _records(n: int, tag: str) -> list[dict]:
+    # unique texts, so the response cache cannot answer for the model
+    return [{"id": f"r{i}", "text": f"The house number {i} is blue ({tag})."} for i in range(n)]
+
+
+def _translation(n: int, tag: str) -> dict:
+    return {"fromLang": "en", "toLang": "pt", "records": _records(n, tag)}
+
+
+def _submit(http, task: str, payload: dict) -> dict:
+    resp = http.post("/jobs", json={"task": task, "payload": payload})
+    assert resp.status_code == 202, resp.text
+    view = resp.json()
+    assert resp.headers["Location"] == f"/jobs/{view['job_id']}"
+    assert view["status"] in ("queued", "running")
+    return view
+
+
+def _finished(http, job_id: str, timeout_s: float = 120) -> dict:
+    def done():
+        view = http.get(f"/jobs/{job_id}").json()
+        return view if view["status"] in ("succeeded", "failed", "cancelled") else None
+
+    return wait_for(done, timeout_s, f"job {job_id} to finish", interval_s=0.2)
+
+
+def test_translation_job_result_equals_the_routes_answer(http):
+    payload = _translation(40, uuid.uuid4().hex)
+    view = _finished(http, _submit(http, "translation", payload)["job_id"])
+    assert view["status"] == "succeeded", view
+    assert view["progress"] == {"records_done": 40, "records_total": 40}
+    assert view["started_at"] and view["finished_at"] and view["expires_at"]
+    direct = http.post("/translation", json={"payload": payload})
+    assert direct.status_code == 200
+    assert view["result"] == direct.json()
+    assert [r["id"] for r in view["result"]["result"]] == [f"r{i}" for i in range(40)]
+
+
+def test_embeddings_job_returns_the_openai_body(http):
+    texts = [f"job embedding {i} {uuid.uuid4().hex}" for i in range(10)]
+    view = _finished(http, _submit(http, "embeddings", {"input": texts})["job_id"])
+    assert view["status"] == "succeeded", view
+    data = view["result"]["data"]
+    assert [d["index"] for d in data] == list(range(10))
+    direct = http.post("/embeddings", json={"input": texts}).json()["data"]
+    for got, want in zip(data, direct):
+        assert float(np.dot(got["embedding"], want["embedding"])) > 0.9999
+
+
+def test_custom_model_job(http):
+    view = _finished(http, _submit(http, "iris", {"inputs": [SETOSA, VIRGINICA]})["job_id"])
+    assert view["status"] == "succeeded", view
+    species = [o["species"] for o in view["result"]["outputs"]]
+    assert species == ["setosa", "virginica"]
+
+
+def test_interactive_requests_are_answered_while_a_large_job_computes(http):
+    job = _submit(http, "translation", _translation(1500, uuid.uuid4().hex))
+    wait_for(lambda: http.get(f"/jobs/{job['job_id']}").json()["progress"]["records_done"] > 0, 60,
+             "the job to start computing")
+    for i in range(3):
+        resp = http.post("/translation", json={"payload": _translation(1, f"{uuid.uuid4().hex}-{i}")})
+        assert resp.status_code == 200, resp.text
+    view = http.get(f"/jobs/{job['job_id']}").json()
+    # the interactive requests did not wait for the job's 1,500 records
+    assert view["status"] == "running", view
+    cancelled = http.delete(f"/jobs/{job['job_id']}")
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    final = http.get(f"/jobs/{job['job_id']}").json()
+    assert final["status"] == "cancelled" and final["result"] is None
+    # its records not yet computing were never computed
+    assert final["progress"]["records_done"] < 1500
+    conflict = http.delete(f"/jobs/{job['job_id']}")
+    assert conflict.status_code == 409 and conflict.json()["error_type"] == "job_finished"
+
+
+@pytest.mark.parametrize("body, status, error_type", [
+    ({"task": "translation"}, 422, "invalid_request"),
+    ({"task": "translation", "payload": {"fromLang": "en", "toLang": "pt"}}, 422, "invalid_request"),
+    ({"task": "translation", "payload": {"fromLang": "en", "toLang": "xx", "records": [{"id": "1", "text": "a"}]}},
+     400, "unsupported_language_pair"),
+    ({"task": "embeddings", "payload": {"input": ["x"] * 10_001}}, 413, "payload_too_large"),
+    ({"task": "iris", "payload": {"inputs": [{"sepal_length_cm": "long"}]}}, 422, "invalid_request"),
+    ({"task": "poetry", "payload": {}}, 400, "unsupported_task"),
+])
+def test_bad_jobs_get_the_routes_errors_at_once(http, body, status, error_type):
+    resp = http.post("/jobs", json=body)
+    assert resp.status_code == status, resp.text
+    assert resp.json()["error_type"] == error_type and resp.json()["error"]
+
+
+def test_unknown_job_is_404(http):
+    for method in ("GET", "DELETE"):
+        resp = http.request(method, "/jobs/no-such-job")
+        assert resp.status_code == 404 and resp.json()["error_type"] == "job_not_found"
+
+
+def test_readyz_lists_the_job_manager(http):
+    assert http.get("/readyz").json()["models"]["JobManager"] == "ready"
