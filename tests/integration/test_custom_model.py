@@ -17,6 +17,8 @@ VIRGINICA = {"sepal_length_cm": 6.7, "sepal_width_cm": 3.0, "petal_length_cm": 5
 
 #: concurrent one-flower requests: enough that some must share a model batch
 CONCURRENT_REQUESTS = 64
+#: one-flower requests sent one after another (each rides a batch of its own)
+SEQUENTIAL_REQUESTS = 20
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +51,18 @@ def test_a_large_request_is_cut_into_calls_and_keeps_order(http):
     resp = http.post("/models/iris/predict", json={"inputs": flowers})
     assert resp.status_code == 200, resp.text
     assert [o["species"] for o in resp.json()["outputs"]] == ["setosa", "versicolor", "virginica"] * 100
+
+
+def test_one_request_at_a_time_rides_alone(http):
+    latencies_ms = []
+    for _ in range(SEQUENTIAL_REQUESTS):
+        started = time.perf_counter()
+        resp = http.post("/models/iris/predict", json={"inputs": [VERSICOLOR]})
+        latencies_ms.append(1000 * (time.perf_counter() - started))
+        assert resp.status_code == 200 and resp.headers["X-Batch-Records"] == "1"
+    latencies_ms.sort()
+    print(f"\n{SEQUENTIAL_REQUESTS} sequential one-flower requests: latency p50 "
+          f"{latencies_ms[len(latencies_ms) // 2]:.1f} ms, max {latencies_ms[-1]:.1f} ms", file=sys.stderr)
 
 
 def test_concurrent_requests_are_batched_together(serve_url):
