@@ -24,7 +24,7 @@ from serve_app.custom_models import deployment_name, import_model_module
 from serve_app.settings import CustomModelSpec
 
 from ._config import CUSTOM_MODEL_BATCH, model_deployment_options
-from ._replica import ModelReplica
+from ._replica import ModelReplica, Priority
 from .batching import count_records, split
 
 logger = logging.getLogger("ray.serve")
@@ -53,50 +53,67 @@ class CustomModel(ModelReplica):
                     self.load_seconds)
 
     def _batched_methods(self):
-        return [self._predict_batch]
+        return [self._predict_batch, self._predict_background_batch]
 
-    async def predict(self, inputs: list[dict]) -> CallResult:
+    async def predict(self, inputs: list[dict], background: bool = False) -> CallResult:
         """Predict one call's inputs (dicts of the module's `Input`); returns the outputs in
-        order and the size (in inputs) of the largest batch they rode in."""
+        order and the size (in inputs) of the largest batch they rode in.
+
+        `background=True` (job work) queues them behind interactive requests."""
         items = [self.module.Input.model_validate(item) for item in inputs]
+        batched = self._predict_background_batch if background else self._predict_batch
         pieces = split(items, self.batch_config.max_batch_size)
-        results = await asyncio.gather(*(self._predict_batch(piece) for piece in pieces))
+        results = await asyncio.gather(*(batched(piece) for piece in pieces))
         for result in results:
             if isinstance(result, BaseException):
                 raise result
         return [out for outputs, _ in results for out in outputs], max(size for _, size in results)
 
+    # Two batch queues with the same knobs (reconfigure sets both): interactive requests and
+    # job work batch separately, and the model thread runs interactive batches first.
     @serve.batch(
         max_batch_size=CUSTOM_MODEL_BATCH.max_batch_size,
         batch_wait_timeout_s=CUSTOM_MODEL_BATCH.batch_wait_timeout_s,
         batch_size_fn=count_records,
     )
     async def _predict_batch(self, items: list[list[BaseModel]]) -> list[Any]:
+        return await self._predict_calls(items, Priority.INTERACTIVE)
+
+    @serve.batch(
+        max_batch_size=CUSTOM_MODEL_BATCH.max_batch_size,
+        batch_wait_timeout_s=CUSTOM_MODEL_BATCH.batch_wait_timeout_s,
+        batch_size_fn=count_records,
+    )
+    async def _predict_background_batch(self, items: list[list[BaseModel]]) -> list[Any]:
+        return await self._predict_calls(items, Priority.BACKGROUND)
+
+    async def _predict_calls(self, items: list[list[BaseModel]], priority: Priority) -> list[Any]:
         """One `predict` over every call's inputs; each call gets its slice (or, when the joined
         batch failed and the call failed again alone, its exception)."""
         self._batch_started(items)
         records = count_records(items)
         flat = [x for item in items for x in item]
         try:
-            outputs = await self._run_model(lambda: self._predict(flat), records)
+            outputs = await self._run_model(lambda: self._predict(flat), records, priority)
         except Exception as exc:
             if len(items) == 1:
                 raise
-            return await self._predict_each_alone(items, exc)
+            return await self._predict_each_alone(items, exc, priority)
         results, offset = [], 0
         for item in items:
             results.append((outputs[offset:offset + len(item)], records))
             offset += len(item)
         return results
 
-    async def _predict_each_alone(self, items: list[list[BaseModel]], error: Exception) -> list[Any]:
+    async def _predict_each_alone(self, items: list[list[BaseModel]], error: Exception,
+                                  priority: Priority) -> list[Any]:
         logger.warning("%s: a batch of %d calls raised %r; running each call alone", self.deployment_name,
                        len(items), error)
         failures_so_far = self._failures_in_a_row  # the joined batch already counted once
         results: list[Any] = []
         for item in items:
             try:
-                outputs = await self._run_model(lambda item=item: self._predict(item), len(item))
+                outputs = await self._run_model(lambda item=item: self._predict(item), len(item), priority)
                 results.append((outputs, len(item)))
             except Exception as exc:
                 results.append(exc)

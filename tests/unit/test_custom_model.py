@@ -233,6 +233,17 @@ def test_inputs_are_validated_in_the_replica_too(echo, loop):
     assert echo.model["batches"] == []
 
 
+def test_background_work_is_batched_on_its_own_queue(echo, loop):
+    async def go():
+        return await asyncio.gather(echo.predict([{"x": 1}], background=True),
+                                    echo.predict([{"x": 2}], background=True), echo.predict([{"x": 3}]))
+
+    results = loop.run_until_complete(go())
+    assert [r[0] for r in results] == [[{"y": 10}], [{"y": 20}], [{"y": 30}]]
+    assert sorted(map(sorted, echo.model["batches"])) == [[1, 2], [3]]
+    assert echo.stats()["computed_background"] == 2 and echo.stats()["computed_interactive"] == 1
+
+
 def test_ready_and_info(echo):
     assert echo.ready()["deployment"] == "Model.echo"
     info = echo.info()
