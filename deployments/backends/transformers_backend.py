@@ -17,7 +17,7 @@ import logging
 import re
 import threading
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -125,6 +125,9 @@ _DTYPES: dict[str, torch.dtype] = {
     "bf16": torch.bfloat16,
 }
 
+#: ``load_model(source, dtype, local_files_only)`` -> a seq2seq model on the CPU (see TransformersBackend).
+ModelLoader = Callable[[str, torch.dtype, bool], Any]
+
 _DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 _OPUS_RE = re.compile(r"opus-mt-(?:tc-big-|tc-)?([a-z]{2,3})-([a-z]{2,3})(?![a-zA-Z])")
 _PAIR_RE = re.compile(r"^\s*([A-Za-z]{2,3})\s*[-_>]\s*([A-Za-z]{2,3})\s*$")
@@ -184,6 +187,28 @@ def _looks_like_path(model: str) -> bool:
     return model.startswith(("/", ".", "~")) or Path(model).is_absolute()
 
 
+def model_source(model: str) -> str:
+    """The hub id as given, or the local folder expanded; a missing folder is a :class:`ModelLoadError`."""
+    if not _looks_like_path(model):
+        return model
+    path = Path(model).expanduser()
+    if not path.exists():
+        raise ModelLoadError(f"model folder {model!r} does not exist")
+    if not path.is_dir():
+        raise ModelLoadError(f"model path {model!r} is not a folder")
+    return str(path)
+
+
+def load_tokenizer(source: str, local_files_only: bool):
+    """``AutoTokenizer.from_pretrained``; any failure is a :class:`ModelLoadError` naming the source."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(source, local_files_only=local_files_only)
+    except Exception as exc:  # noqa: BLE001 - any loader failure is a load error
+        raise ModelLoadError(f"cannot load tokenizer from {source!r}: {type(exc).__name__}: {exc}") from exc
+
+
 # --------------------------------------------------------------------------- backend
 
 
@@ -206,6 +231,9 @@ class TransformersBackend(TranslationBackend):
             families (M2M100, NLLB): it restricts nothing there.
         num_threads: if given, ``torch.set_num_threads(num_threads)``.
         local_files_only: never contact the hub.
+        load_model: builds the model instead of ``AutoModelForSeq2SeqLM.from_pretrained``
+            (``load_model(source, dtype, local_files_only)``), e.g. from weights shared
+            between replicas (:mod:`deployments._shared_weights`).
 
     Raises:
         ModelLoadError: folder missing, weights/config unreadable, or no way to
@@ -226,6 +254,7 @@ class TransformersBackend(TranslationBackend):
         language_pair: str | None = None,
         num_threads: int | None = None,
         local_files_only: bool = False,
+        load_model: "ModelLoader | None" = None,
     ) -> None:
         if num_beams < 1:
             raise ValueError(f"num_beams must be >= 1, got {num_beams}")
@@ -246,6 +275,7 @@ class TransformersBackend(TranslationBackend):
         self.min_new_tokens = None if min_new_tokens is None else int(min_new_tokens)
         self._explicit_pair = parse_language_pair(language_pair) if language_pair else None
         self._lock = threading.Lock()  # the tokenizer's src_lang is shared state
+        self._load_model = load_model
 
         self.tokenizer, self.model = self._load(self._model_id, local_files_only)
         self.model_type: str = getattr(self.model.config, "model_type", "unknown")
@@ -263,24 +293,17 @@ class TransformersBackend(TranslationBackend):
     # ------------------------------------------------------------------ loading
 
     def _load(self, model: str, local_files_only: bool):
-        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+        from transformers import AutoModelForSeq2SeqLM
 
-        source = model
-        if _looks_like_path(model):
-            path = Path(model).expanduser()
-            if not path.exists():
-                raise ModelLoadError(f"model folder {model!r} does not exist")
-            if not path.is_dir():
-                raise ModelLoadError(f"model path {model!r} is not a folder")
-            source = str(path)
+        source = model_source(model)
+        tokenizer = load_tokenizer(source, local_files_only)
         try:
-            tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_files_only)
-        except Exception as exc:  # noqa: BLE001 - any loader failure is a load error
-            raise ModelLoadError(f"cannot load tokenizer from {model!r}: {type(exc).__name__}: {exc}") from exc
-        try:
-            seq2seq = AutoModelForSeq2SeqLM.from_pretrained(
-                source, dtype=self.dtype, local_files_only=local_files_only
-            )
+            if self._load_model is not None:
+                seq2seq = self._load_model(source, self.dtype, local_files_only)
+            else:
+                seq2seq = AutoModelForSeq2SeqLM.from_pretrained(
+                    source, dtype=self.dtype, local_files_only=local_files_only
+                )
             seq2seq.to(self.device)
             seq2seq.eval()
         except Exception as exc:  # noqa: BLE001
@@ -408,31 +431,35 @@ class TransformersBackend(TranslationBackend):
 
         with self._lock:
             self._set_source_language(source)
-            # Length-aware: tokenize once, sort by length, pad into one batch.
             encoded = self.tokenizer(texts, truncation=True, max_length=self.max_input_length)["input_ids"]
-            order = sorted(range(len(texts)), key=lambda i: len(encoded[i]), reverse=True)
-            input_ids, attention_mask = self._pad([encoded[i] for i in order])
-            gen_kwargs = {
-                "num_beams": self.num_beams,
-                "do_sample": False,
-                "max_new_tokens": self.max_new_tokens,
-            }
-            if self.min_new_tokens is not None:
-                gen_kwargs["min_new_tokens"] = self.min_new_tokens
-            if self.family in ("m2m100", "nllb"):
-                gen_kwargs["forced_bos_token_id"] = self._lang_token_ids[target]
-            try:
-                with torch.inference_mode():
-                    out = self.model.generate(
-                        input_ids=input_ids.to(self.device),
-                        attention_mask=attention_mask.to(self.device),
-                        **gen_kwargs,
-                    )
-            except Exception as exc:  # noqa: BLE001
-                raise BackendError(f"generation failed for {self._model_id!r}: {type(exc).__name__}: {exc}") from exc
+            return self._generate_encoded(encoded, target)
+
+    def _generate_encoded(self, encoded: list[list[int]], target: str) -> list[list[int]]:
+        """Generated rows (see :meth:`generate_ids`) for tokenized inputs, in input order."""
+        # Length-aware: sort by length, pad into one batch.
+        order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]), reverse=True)
+        input_ids, attention_mask = self._pad([encoded[i] for i in order])
+        gen_kwargs = {
+            "num_beams": self.num_beams,
+            "do_sample": False,
+            "max_new_tokens": self.max_new_tokens,
+        }
+        if self.min_new_tokens is not None:
+            gen_kwargs["min_new_tokens"] = self.min_new_tokens
+        if self.family in ("m2m100", "nllb"):
+            gen_kwargs["forced_bos_token_id"] = self._lang_token_ids[target]
+        try:
+            with torch.inference_mode():
+                out = self.model.generate(
+                    input_ids=input_ids.to(self.device),
+                    attention_mask=attention_mask.to(self.device),
+                    **gen_kwargs,
+                )
+        except Exception as exc:  # noqa: BLE001
+            raise BackendError(f"generation failed for {self._model_id!r}: {type(exc).__name__}: {exc}") from exc
 
         rows = [self._trim(row) for row in out.tolist()]
-        result: list[list[int]] = [[] for _ in texts]
+        result: list[list[int]] = [[] for _ in encoded]
         for pos, idx in enumerate(order):
             result[idx] = rows[pos]
         return result
@@ -460,12 +487,15 @@ class TransformersBackend(TranslationBackend):
         elif self.family == "nllb":
             self.tokenizer.src_lang = ISO_TO_FLORES[source]
 
-    def _trim(self, row: list[int]) -> list[int]:
-        """Cut a generated row after its first EOS (position 0 is the decoder start)."""
+    def _eos_ids(self) -> set[int]:
         eos = self.model.generation_config.eos_token_id
         if eos is None:
             eos = self.model.config.eos_token_id
-        eos_ids = set(eos) if isinstance(eos, (list, tuple)) else {eos}
+        return set(eos) if isinstance(eos, (list, tuple)) else {eos}
+
+    def _trim(self, row: list[int]) -> list[int]:
+        """Cut a generated row after its first EOS (position 0 is the decoder start)."""
+        eos_ids = self._eos_ids()
         for i in range(1, len(row)):
             if row[i] in eos_ids:
                 return row[: i + 1]
