@@ -196,14 +196,16 @@ class JobManager:
     async def submit(self, task: str, payload: Any) -> dict:
         return await self.runner.submit(task, payload)
 
-    def get(self, job_id: str) -> dict:
+    # Every method is a coroutine: they run on the replica's event loop, with the job tasks,
+    # never on a thread beside them (the store is not locked).
+    async def get(self, job_id: str) -> dict:
         return self.runner.get(job_id)
 
     async def cancel(self, job_id: str) -> dict:
         return await self.runner.cancel(job_id)
 
-    def stats(self) -> dict[str, int]:
+    async def stats(self) -> dict[str, int]:
         return self.runner.stats()
 
-    def ready(self) -> dict:
+    async def ready(self) -> dict:
         return {"deployment": "JobManager"}
