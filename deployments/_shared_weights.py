@@ -7,9 +7,9 @@ Marian model is ~300 MB in float32; M2M100-418M ~1.7 GB). With
 1. a replica asks the node's *weights holder* for the model (a small named,
    detached actor keyed by model, dtype and node id, pinned to the node);
 2. the first one is told to load: it loads the checkpoint as usual, turns its
-   parameters and buffers into numpy arrays and ``ray.put``s them with the
-   holder as owner (so the object outlives the replica that made it), then
-   drops its own copy;
+   parameters and buffers into numpy arrays and sends them to the holder, which
+   ``ray.put``s them (so the holder owns the object and it outlives the replica
+   that loaded it); the replica then drops its own copy;
 3. every replica, the first included, ``ray.get``s the arrays - numpy arrays
    read from the object store are read-only views of shared memory, no copy -
    and builds the model around them: the module tree is created on the meta
@@ -194,12 +194,19 @@ class WeightsHolder:
             except asyncio.TimeoutError:
                 pass
 
-    def publish(self, refs: list, pid: int) -> None:
-        """The loader's ``[ref]`` (put with this actor as owner); the loader (``pid``) uses it too."""
-        self._ref = refs[0]
+    def publish(self, exported: dict, pid: int) -> list:
+        """Keep the loader's exported weights (as an object this actor owns, so it outlives the
+        loader) and hand them to every waiter; returns ``[ref]``. The loader (``pid``) uses them too."""
+        self._ref = self._put(exported)
         self._users.add(pid)
         self._loader = None
         self._wake()
+        return [self._ref]
+
+    def _put(self, value: Any):
+        import ray
+
+        return ray.put(value)
 
     def abandon(self) -> None:
         """The loader failed: let the next waiting replica load."""
@@ -277,9 +284,10 @@ def _load_and_publish(holder, source: str, dtype: torch.dtype, local_files_only:
 
     try:
         model = _load_private(source, dtype, local_files_only)
-        ref = ray.put(export_tensors(model), _owner=holder)
+        # The arrays travel to the holder as a task argument; the holder's own ray.put makes the
+        # copy that stays (Ray 2.56 removed ray.put's _owner, which would have saved that copy).
+        ref = ray.get(holder.publish.remote(export_tensors(model), os.getpid()))[0]
         del model
-        ray.get(holder.publish.remote([ref], os.getpid()))
     except BaseException:
         holder.abandon.remote()
         raise

@@ -110,6 +110,9 @@ class _Holder(sw.WeightsHolder):
     def _exit(self) -> None:
         self.exited.set()
 
+    def _put(self, value):
+        return "ref"
+
 
 def _dead_pid() -> int:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -129,7 +132,7 @@ def test_first_caller_loads_the_others_wait_for_it(fast_checks):
         waiter = asyncio.ensure_future(holder.acquire(os.getppid()))
         await asyncio.sleep(0)
         assert not waiter.done()
-        holder.publish(["ref"], os.getpid())
+        assert holder.publish({"arrays": {}}, os.getpid()) == ["ref"]
         assert await waiter == ("ready", ["ref"])
         assert holder.users() == sorted({os.getpid(), os.getppid()})
 
@@ -157,7 +160,7 @@ def test_holder_exits_when_no_user_is_alive(fast_checks):
         holder = _Holder()
         pid = _dead_pid()
         assert await holder.acquire(pid) == ("load", None)
-        holder.publish(["ref"], pid)
+        holder.publish({"arrays": {}}, pid)
         await asyncio.wait_for(holder.exited.wait(), 5)
         assert holder._ref is None
 
