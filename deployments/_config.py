@@ -7,7 +7,9 @@ running replica without restarting it (and without reloading its model).
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from typing import Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 
 class BatchConfig(BaseModel):
@@ -25,6 +27,54 @@ class BatchConfig(BaseModel):
         description="How long the first record of a batch waits for others before the model runs "
         "anyway. Adds at most this much latency at low load; 0 disables waiting.",
     )
+    max_batch_tokens: Optional[int] = Field(
+        None, ge=1, le=1_000_000,
+        description="Length-aware batching: a batch's records (per language pair) are sorted by token "
+        "length and cut into model calls of at most this many padded tokens (records x longest record "
+        "in the call), so short records stop paying for long ones' padding. A record longer than this "
+        "runs alone. Unset: one model call per language pair, padded to its longest record.",
+    )
+    target_p99_batch_latency_s: Optional[float] = Field(
+        None, gt=0.0, le=600.0,
+        description="SLO-adaptive batch size (AIMD, as in Clipper): when set, the replica moves its live "
+        "batch size within [adaptive_min_batch_size, max_batch_size] to keep the p99 model time of a "
+        "batch (over the last adaptive_window_batches batches) under this many seconds: +"
+        "adaptive_increase_records after each batch under it, x adaptive_backoff_factor after one over "
+        "it. Queueing is not part of it (shrinking batches under overload would only lengthen queues). "
+        "Unset: the batch size stays max_batch_size.",
+    )
+    adaptive_min_batch_size: int = Field(
+        1, ge=1, le=4096,
+        description="Smallest live batch size (records) the adaptive controller goes down to.",
+    )
+    adaptive_increase_records: int = Field(
+        1, ge=1, le=4096,
+        description="Records added to the live batch size after each batch whose window p99 is under "
+        "target_p99_batch_latency_s (the additive increase).",
+    )
+    adaptive_backoff_factor: float = Field(
+        0.75, gt=0.0, lt=1.0,
+        description="The live batch size is multiplied by this after a batch whose window p99 is over "
+        "target_p99_batch_latency_s (the multiplicative decrease); Clipper uses 0.9, TCP 0.5.",
+    )
+    adaptive_window_batches: int = Field(
+        20, ge=1, le=10_000,
+        description="Recent batches whose model times make up the adaptive controller's p99 (with fewer "
+        "than 100 it is their maximum). Cleared after each decrease, so one slow batch backs off once.",
+    )
+
+    @model_validator(mode="after")
+    def _adaptive_bounds(self) -> "BatchConfig":
+        if self.adaptive_min_batch_size > self.max_batch_size:
+            raise ValueError(
+                f"adaptive_min_batch_size={self.adaptive_min_batch_size!r} exceeds "
+                f"max_batch_size={self.max_batch_size!r}; the live batch size moves between them"
+            )
+        return self
+
+    def user_config(self) -> dict:
+        """The fields a deployment's `user_config` needs (the ones given, not the defaults)."""
+        return self.model_dump(exclude_defaults=True)
 
 
 def parse_batch_config(user_config: dict | None, deployment: str) -> BatchConfig:
@@ -33,7 +83,9 @@ def parse_batch_config(user_config: dict | None, deployment: str) -> BatchConfig
         return BatchConfig.model_validate(user_config or {})
     except ValidationError as exc:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}={e.get('input')!r}: {e['msg']}" for e in exc.errors()
+            f"{'.'.join(str(p) for p in e['loc'])}={e.get('input')!r}: {e['msg']}" if e["loc"]
+            else e["msg"].removeprefix("Value error, ")  # a cross-field check quotes its own values
+            for e in exc.errors()
         )
         raise ValueError(f"invalid user_config for deployment {deployment!r}: {problems}") from None
 
@@ -69,6 +121,6 @@ def model_deployment_options(name: str, batch: BatchConfig) -> dict:
         "name": name,
         "max_ongoing_requests": MODEL_MAX_ONGOING_REQUESTS,
         "max_queued_requests": MODEL_MAX_QUEUED_REQUESTS,
-        "user_config": batch.model_dump(),
+        "user_config": batch.user_config(),
         "ray_actor_options": {"num_cpus": 1},
     }

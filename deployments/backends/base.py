@@ -54,6 +54,13 @@ class TranslationBackend(abc.ABC):
         batch (greedy decoding, padding masked).
         """
 
+    def token_lengths(self, texts: Sequence[str], source: str) -> list[int]:
+        """Each text's length in the model's input tokens, for length-aware batching.
+
+        This default counts whitespace-separated words; backends with a tokenizer count its tokens.
+        """
+        return [len(text.split()) for text in texts]
+
     def warm_up(self) -> None:
         """Run one tiny inference per direction so the first request is not slow."""
         for pair in self.supported_pairs()[:2]:

@@ -387,6 +387,13 @@ class TransformersBackend(TranslationBackend):
             "family": self.family,
         }
 
+    def token_lengths(self, texts: Sequence[str], source: str) -> list[int]:
+        """Input tokens per text, as `generate_ids` will see them (truncated to max_input_length)."""
+        with self._lock:
+            self._set_source_language(source)
+            encoded = self.tokenizer(list(texts), truncation=True, max_length=self.max_input_length)
+        return [len(ids) for ids in encoded["input_ids"]]
+
     def translate(self, texts: Sequence[str], source: str, target: str) -> list[str]:
         sequences = self.generate_ids(texts, source, target)
         # transformers 5's M2M100Tokenizer does not treat its __xx__ language tokens

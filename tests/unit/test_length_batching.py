@@ -1,0 +1,123 @@
+"""Length-aware batching: the plan (sort by token length, cut under a padded-token budget) and
+running a batch through it. Pure logic: no Ray, no model."""
+
+import random
+
+import pytest
+
+from deployments.length_batching import padded_tokens, plan_token_batches, run_token_batched
+from tests.unit.test_deployments import RecordingBackend
+
+
+def test_padded_tokens_is_rows_times_longest():
+    assert padded_tokens([3, 10, 4]) == 30
+    assert padded_tokens([]) == 0
+
+
+def test_plan_sorts_longest_first_and_respects_the_budget():
+    lengths = [5, 40, 6, 38, 4, 7]
+    groups = plan_token_batches(lengths, max_batch_tokens=80)
+    assert groups == [[1, 3], [5, 2, 0, 4]]  # 2 x 40 = 80; then 4 x 7 = 28
+    for group in groups:
+        assert padded_tokens([lengths[i] for i in group]) <= 80
+
+
+def test_plan_keeps_every_record_once_and_saves_padding_on_a_mixed_batch():
+    rng = random.Random(7)
+    lengths = [min(160, max(4, int(rng.lognormvariate(3.0, 0.8)))) for _ in range(64)]
+    groups = plan_token_batches(lengths, max_batch_tokens=1024)
+    assert sorted(i for g in groups for i in g) == list(range(64))
+    assert all(padded_tokens([lengths[i] for i in g]) <= 1024 for g in groups if len(g) > 1)
+    planned = sum(padded_tokens([lengths[i] for i in g]) for g in groups)
+    assert planned < padded_tokens(lengths) / 2  # one padded call wastes more than half on padding here
+
+
+def test_a_record_longer_than_the_budget_runs_alone():
+    assert plan_token_batches([3, 500, 2], max_batch_tokens=100) == [[1], [0, 2]]
+
+
+def test_a_large_budget_is_one_sorted_call_and_equal_lengths_keep_their_order():
+    assert plan_token_batches([2, 9, 2, 5], max_batch_tokens=10_000) == [[1, 3, 0, 2]]
+    assert plan_token_batches([], 10) == []
+
+
+def test_bad_budget_is_rejected_quoting_it():
+    with pytest.raises(ValueError, match="got 0"):
+        plan_token_batches([1], 0)
+
+
+def test_run_token_batched_scatters_outputs_back_in_input_order():
+    calls = []
+
+    def run(texts):
+        calls.append(list(texts))
+        return [t.upper() for t in texts]
+
+    texts = ["a b", "c d e f g h", "i", "j k l m n o p"]
+    lengths = [len(t.split()) for t in texts]
+    assert run_token_batched(texts, lengths, 14, run) == [t.upper() for t in texts]
+    assert calls == [["j k l m n o p", "c d e f g h"], ["a b", "i"]]
+
+
+def test_run_token_batched_rejects_a_wrong_output_count_and_mismatched_lengths():
+    with pytest.raises(RuntimeError, match="1 outputs for 2 inputs"):
+        run_token_batched(["a", "b"], [1, 1], 10, lambda texts: ["x"])
+    with pytest.raises(ValueError, match="1 lengths for 2 texts"):
+        run_token_batched(["a", "b"], [1], 10, lambda texts: texts)
+
+
+# --- in the Translator replica (its class driven directly, with its real batch queue) ---------
+
+class WordBackend(RecordingBackend):
+    """The recording backend of test_deployments; token length = words."""
+
+    def token_lengths(self, texts, source):
+        return [len(t.split()) for t in texts]
+
+    def warm_up(self):
+        pass
+
+    @property
+    def calls(self) -> list[list[str]]:
+        return [texts for _, _, texts in self.batches]
+
+
+@pytest.fixture
+def word_translator(monkeypatch):
+    from deployments.translator import Translator
+    from serve_app.settings import TranslationSettings
+
+    backend = WordBackend()
+    monkeypatch.setattr("deployments.translator.load_translation_backend", lambda settings, threads: backend)
+    replica = Translator.func_or_class(TranslationSettings().model_dump())
+    return replica, backend
+
+
+def _translate_all(replica, loop, texts):
+    import asyncio
+
+    from deployments.batching import Chunk
+
+    async def go():
+        return await asyncio.gather(*(replica.translate(Chunk("en", "pt", [t])) for t in texts))
+
+    return [out[0] for out, _ in loop.run_until_complete(go())]
+
+
+TEXTS = ["one two three four five six seven eight", "a", "b c", "d e f g h i j k l m", "n o"]
+
+
+def test_the_replica_cuts_a_batch_by_max_batch_tokens_and_answers_in_order(word_translator, loop):
+    replica, backend = word_translator
+    replica.reconfigure({"max_batch_size": 8, "batch_wait_timeout_s": 0.05, "max_batch_tokens": 20})
+    assert _translate_all(replica, loop, TEXTS) == [f"pt:{t}" for t in TEXTS]
+    # one batch of 5 records, sorted longest first, cut at 20 padded tokens
+    assert backend.calls == [[TEXTS[3], TEXTS[0]], [TEXTS[2], TEXTS[4], TEXTS[1]]]
+    assert replica.info()["batching"]["max_batch_tokens"] == 20
+
+
+def test_without_max_batch_tokens_a_batch_is_one_model_call(word_translator, loop):
+    replica, backend = word_translator
+    replica.reconfigure({"max_batch_size": 8, "batch_wait_timeout_s": 0.05})
+    assert _translate_all(replica, loop, TEXTS) == [f"pt:{t}" for t in TEXTS]
+    assert backend.calls == [TEXTS]
