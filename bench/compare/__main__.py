@@ -98,6 +98,23 @@ def run_contender(contender: Contender, workload: str, profile: Profile, port: i
         results["wall_s"][f"{contender.name}/{workload}"] = round(time.monotonic() - began, 1)
 
 
+def merge_previous(previous: dict, fresh: dict) -> dict:
+    """Keep the previous run's figures for the workloads this run does not measure."""
+    if previous.get("profile") != fresh["profile"]:
+        raise SystemExit(f"--append: results.json is from profile {previous.get('profile')!r}, "
+                         f"this run is {fresh['profile']!r}")
+    mine = set(fresh["workloads"])
+    keep = lambda items: [x for x in items if x["workload"] not in mine]  # noqa: E731
+    fresh["workloads"] = [w for w in previous["workloads"] if w not in mine] + fresh["workloads"]
+    fresh["offline"] = {k: v for k, v in previous["offline"].items() if k not in mine}
+    fresh["cells"], fresh["failures"] = keep(previous["cells"]), keep(previous["failures"])
+    for key in ("contender_info", "startup_s", "wall_s"):
+        fresh[key] = {k: v for k, v in previous.get(key, {}).items() if k.split("/", 1)[1] not in mine}
+    fresh["started_at"] = f"{previous['started_at'].split(' .. ')[0]} .. {fresh['started_at']}"
+    fresh["total_wall_s"] = previous.get("total_wall_s", 0)
+    return fresh
+
+
 def write_outputs(results: dict, out: Path, with_plots: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
@@ -113,6 +130,9 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=9561)
     parser.add_argument("--only", help="comma-separated contenders (default: all)")
     parser.add_argument("--workloads", help="comma-separated workloads (default: the profile's)")
+    parser.add_argument("--append", action="store_true",
+                        help="merge into --out's results.json (replacing these workloads' figures) instead of "
+                             "starting afresh: a long run in several shorter locked steps")
     args = parser.parse_args()
     profile = PROFILES[args.profile]
     chosen = [c for c in CONTENDERS if not args.only or c.name in args.only.split(",")]
@@ -122,6 +142,8 @@ def main() -> None:
                "concurrencies": list(profile.concurrencies), "cell_s": profile.cell_s, "open_s": profile.open_s,
                "contenders": [c.name for c in chosen], "labels": {c.name: c.label for c in chosen},
                "offline": {}, "cells": [], "failures": [], "contender_info": {}, "startup_s": {}, "wall_s": {}}
+    if args.append and (args.out / "results.json").is_file():
+        results = merge_previous(json.loads((args.out / "results.json").read_text()), results)
     began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-compare-") as tmp:
         scratch = Path(tmp)
@@ -139,7 +161,7 @@ def main() -> None:
                     continue
                 run_contender(contender, workload, profile, args.port, scratch, texts_file, results)
                 write_outputs(results, args.out, with_plots=False)
-    results["total_wall_s"] = round(time.monotonic() - began, 1)
+    results["total_wall_s"] = round(results.get("total_wall_s", 0) + time.monotonic() - began, 1)
     write_outputs(results, args.out, with_plots=True)
     log(f"done in {results['total_wall_s']:.0f} s: {args.out}/results.md")
 

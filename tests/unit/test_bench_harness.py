@@ -126,3 +126,22 @@ def test_targets_and_markdown_report_met_and_unmet_honestly():
 def test_targets_say_not_measured_without_figures():
     verdicts = report.targets(_results([], {}))
     assert verdicts and all(t["met"] is None for t in verdicts)
+
+
+def test_append_keeps_other_workloads_and_replaces_the_measured_one():
+    from bench.compare.__main__ import merge_previous
+
+    previous = {"profile": "default", "started_at": "16:00", "workloads": ["embeddings", "translation-embedded"],
+                "offline": {"embeddings": {"records_per_s": 1}, "translation-embedded": {"records_per_s": 2}},
+                "cells": [cell("a", 8, 1.0), cell("a", 8, 2.0, workload="translation-embedded")],
+                "failures": [], "wall_s": {"a/embeddings": 5, "a/translation-embedded": 6}, "total_wall_s": 11}
+    fresh = {"profile": "default", "started_at": "16:30", "workloads": ["translation-embedded"], "offline": {},
+             "cells": [], "failures": [], "wall_s": {}}
+    merged = merge_previous(previous, fresh)
+    assert merged["workloads"] == ["embeddings", "translation-embedded"]
+    assert merged["offline"] == {"embeddings": {"records_per_s": 1}}
+    assert [c["workload"] for c in merged["cells"]] == ["embeddings"]
+    assert merged["wall_s"] == {"a/embeddings": 5} and merged["total_wall_s"] == 11
+    assert merged["started_at"] == "16:00 .. 16:30"
+    with pytest.raises(SystemExit, match="smoke"):
+        merge_previous({**previous, "profile": "smoke"}, fresh)
