@@ -29,7 +29,8 @@ class BatchConfig(BaseModel):
     )
     max_batch_tokens: Optional[int] = Field(
         None, ge=1, le=1_000_000,
-        description="Length-aware batching: a batch's records (per language pair) are sorted by token "
+        description="Length-aware batching (Translator; the Embedder always embeds in length-sorted "
+        "passes and ignores it): a batch's records (per language pair) are sorted by token "
         "length and cut into model calls of at most this many padded tokens (records x longest record "
         "in the call), so short records stop paying for long ones' padding. A record longer than this "
         "runs alone. Unset: one model call per language pair, padded to its longest record.",
