@@ -184,20 +184,11 @@ class TranslationSettings(_Section):
         description="For `ctranslate2`: where converted models are kept (one folder per model and "
         "quantization, reused by later replicas and restarts). Put it on a volume to convert once per node.",
     )
-    share_weights: bool = Field(
-        False,
-        description="For `transformers` on CPU: the first replica on a node puts the weights in Ray's object "
-        "store and every replica on that node maps them read-only instead of holding its own copy "
-        "(less memory per extra replica; see docs/benchmarks/weights-and-ctranslate2.md). Ignored on CUDA.",
-    )
 
     @model_validator(mode="after")
     def _model_for_transformers(self) -> "TranslationSettings":
         if self.backend in ("transformers", "ctranslate2") and not self.model:
             raise ValueError(f"translation.backend {self.backend!r} needs translation.model (a hub id or folder)")
-        if self.share_weights and self.backend != "transformers":
-            raise ValueError(f"translation.share_weights applies to the 'transformers' backend only, "
-                             f"not {self.backend!r}")
         if self.min_new_tokens is not None and self.min_new_tokens > self.max_new_tokens:
             raise ValueError(f"translation.min_new_tokens={self.min_new_tokens!r} exceeds "
                              f"translation.max_new_tokens={self.max_new_tokens!r}")

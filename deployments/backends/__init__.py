@@ -28,12 +28,7 @@ def load_translation_backend(settings: "TranslationSettings", num_threads: int) 
     if settings.backend == "transformers":
         from .transformers_backend import TransformersBackend
 
-        load_model = None
-        if settings.share_weights:
-            from deployments._shared_weights import shared_model_loader
-
-            load_model = shared_model_loader(settings.device)
-        return TransformersBackend(settings.model, dtype=settings.dtype, load_model=load_model, **decoding)
+        return TransformersBackend(settings.model, dtype=settings.dtype, **decoding)
     if settings.backend == "ctranslate2":
         from .ctranslate2_backend import CTranslate2Backend
 

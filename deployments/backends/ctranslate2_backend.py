@@ -150,7 +150,7 @@ class _ModelFacts:
 class CTranslate2Backend(TransformersBackend):
     """Translation with a CTranslate2 ``Translator`` built from a transformers checkpoint.
 
-    Args (besides those of :class:`TransformersBackend`, less ``dtype``/``load_model``):
+    Args (besides those of :class:`TransformersBackend`, less ``dtype``):
         compute_type: ``auto`` (int8 on CPU, float16 on CUDA) or a CTranslate2
             compute type (``float32``, ``int8_float16``, ...). The model is converted
             with the same quantization, so loading it needs no further conversion.
@@ -168,9 +168,8 @@ class CTranslate2Backend(TransformersBackend):
         **options: Any,
     ) -> None:
         """``options``: those of :class:`TransformersBackend` (device, decoding, threads, ...)."""
-        unsupported = sorted({"dtype", "load_model"} & set(options))
-        if unsupported:
-            raise TypeError(f"CTranslate2Backend takes compute_type, not {', '.join(unsupported)}")
+        if "dtype" in options:
+            raise TypeError("CTranslate2Backend takes compute_type, not dtype")
         self._compute_type_setting = compute_type
         self._cache_dir = cache_dir
         self._threads = options.get("num_threads") or 0  # 0: CTranslate2 picks

@@ -17,7 +17,7 @@ import logging
 import re
 import threading
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Sequence
 
 import torch
 
@@ -125,9 +125,6 @@ _DTYPES: dict[str, torch.dtype] = {
     "bf16": torch.bfloat16,
 }
 
-#: ``load_model(source, dtype, local_files_only)`` -> a seq2seq model on the CPU (see TransformersBackend).
-ModelLoader = Callable[[str, torch.dtype, bool], Any]
-
 _DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 _OPUS_RE = re.compile(r"opus-mt-(?:tc-big-|tc-)?([a-z]{2,3})-([a-z]{2,3})(?![a-zA-Z])")
 _PAIR_RE = re.compile(r"^\s*([A-Za-z]{2,3})\s*[-_>]\s*([A-Za-z]{2,3})\s*$")
@@ -231,9 +228,6 @@ class TransformersBackend(TranslationBackend):
             families (M2M100, NLLB): it restricts nothing there.
         num_threads: if given, ``torch.set_num_threads(num_threads)``.
         local_files_only: never contact the hub.
-        load_model: builds the model instead of ``AutoModelForSeq2SeqLM.from_pretrained``
-            (``load_model(source, dtype, local_files_only)``), e.g. from weights shared
-            between replicas (:mod:`deployments._shared_weights`).
 
     Raises:
         ModelLoadError: folder missing, weights/config unreadable, or no way to
@@ -254,7 +248,6 @@ class TransformersBackend(TranslationBackend):
         language_pair: str | None = None,
         num_threads: int | None = None,
         local_files_only: bool = False,
-        load_model: "ModelLoader | None" = None,
     ) -> None:
         if num_beams < 1:
             raise ValueError(f"num_beams must be >= 1, got {num_beams}")
@@ -275,7 +268,6 @@ class TransformersBackend(TranslationBackend):
         self.min_new_tokens = None if min_new_tokens is None else int(min_new_tokens)
         self._explicit_pair = parse_language_pair(language_pair) if language_pair else None
         self._lock = threading.Lock()  # the tokenizer's src_lang is shared state
-        self._load_model = load_model
 
         self.tokenizer, self.model = self._load(self._model_id, local_files_only)
         self.model_type: str = getattr(self.model.config, "model_type", "unknown")
@@ -298,12 +290,9 @@ class TransformersBackend(TranslationBackend):
         source = model_source(model)
         tokenizer = load_tokenizer(source, local_files_only)
         try:
-            if self._load_model is not None:
-                seq2seq = self._load_model(source, self.dtype, local_files_only)
-            else:
-                seq2seq = AutoModelForSeq2SeqLM.from_pretrained(
-                    source, dtype=self.dtype, local_files_only=local_files_only
-                )
+            seq2seq = AutoModelForSeq2SeqLM.from_pretrained(
+                source, dtype=self.dtype, local_files_only=local_files_only
+            )
             seq2seq.to(self.device)
             seq2seq.eval()
         except Exception as exc:  # noqa: BLE001
