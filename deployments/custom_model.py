@@ -62,7 +62,7 @@ class CustomModel(ModelReplica):
         `background=True` (job work) queues them behind interactive requests."""
         items = [self.module.Input.model_validate(item) for item in inputs]
         batched = self._predict_background_batch if background else self._predict_batch
-        pieces = split(items, self.batch_config.max_batch_size)
+        pieces = split(items, self._size_for(batched, self.batch_config.max_batch_size))
         results = await asyncio.gather(*(batched(piece) for piece in pieces))
         for result in results:
             if isinstance(result, BaseException):

@@ -65,3 +65,48 @@ def test_ingress_killed_under_load(chaos_run, figures):
     print(figures["ingress_kill"])
     assert all(o.status == 200 for o in outcomes[-HEALTHY_TAIL:])
     assert blip < 30, blip
+
+
+def test_jobs_survive_an_ingress_restart(chaos_run, figures):
+    """Job state lives in the JobManager replica, not the ingress: a job submitted before the
+    ingress dies is still there afterwards, keeps computing and its result can be read."""
+    import httpx
+
+    run = chaos_run
+    with httpx.Client(base_url=run.url, timeout=30) as http:
+        def submit(n: int, tag: str) -> str:
+            records = [{"id": str(i), "text": f"The river {i} runs to the sea ({tag})."} for i in range(n)]
+            resp = http.post("/jobs", json={"task": "translation",
+                                            "payload": {"fromLang": "en", "toLang": "pt", "records": records}})
+            assert resp.status_code == 202, resp.text
+            return resp.json()["job_id"]
+
+        def view(job_id: str) -> dict:
+            resp = http.get(f"/jobs/{job_id}")
+            assert resp.status_code == 200, resp.text
+            return resp.json()
+
+        done_id = submit(4, f"small-{time.time()}")
+        wait_for(lambda: view(done_id)["status"] == "succeeded", 60, "the small job to finish", 0.2)
+        running_id = submit(400, f"large-{time.time()}")
+        wait_for(lambda: view(running_id)["progress"]["records_done"] > 0, 60, "the large job to compute", 0.2)
+
+        victim = run.replica_pids("Ingress")[0]
+        os.kill(victim, signal.SIGKILL)
+        killed_at = time.monotonic()
+
+        def answered():
+            try:
+                return http.get(f"/jobs/{running_id}").status_code == 200
+            except httpx.HTTPError:
+                return False
+        wait_for(answered, 90, "the restarted ingress to answer GET /jobs", 0.2)
+        back_s = time.monotonic() - killed_at
+        assert victim not in run.replica_pids("Ingress")
+        assert view(done_id)["status"] == "succeeded"
+        assert len(view(done_id)["result"]["result"]) == 4
+        final = wait_for(lambda: (v := view(running_id))["status"] != "running" and v, 300,
+                         "the large job to finish after the restart", 0.5)
+    assert final["status"] == "succeeded", final
+    assert [r["id"] for r in final["result"]["result"]] == [str(i) for i in range(400)]
+    figures["jobs_across_ingress_restart"] = {"jobs_kept": 2, "ingress_answering_again_after_s": round(back_s, 1)}

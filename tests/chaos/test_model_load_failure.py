@@ -40,7 +40,8 @@ def test_missing_and_corrupt_weights_fail_visibly(own_run, tmp_path, figures):
                 return None
             if r.status_code == 503 and r.headers.get("content-type", "").startswith("application/json"):
                 models = r.json().get("models", {})
-                if all(str(v).startswith("failed") for v in models.values()) and len(models) == 2:
+                # the two broken deployments report failed (the job store and custom models are fine)
+                if all(str(models.get(name, "")).startswith("failed") for name in ("Translator", "Embedder")):
                     return r
             assert r.status_code != 200, "ready with broken weights?"
             return None

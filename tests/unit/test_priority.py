@@ -136,3 +136,21 @@ def test_job_batches_wait_while_interactive_calls_are_queued(gated_translator):
 
     loop.run_until_complete(scenario())
     assert backend.calls == [["first"], ["second"], ["job"]]
+
+
+def test_job_batches_are_capped_by_background_max_batch_size(gated_translator):
+    replica, backend, loop = gated_translator
+    replica.reconfigure({"max_batch_size": 4, "batch_wait_timeout_s": 0, "background_max_batch_size": 2})
+    backend.gate.set()
+    backend.calls.append(["(unblocked)"])  # the first call does not block
+
+    async def scenario():
+        return await asyncio.gather(
+            replica.translate(Chunk("en", "pt", [f"job{i}" for i in range(7)]), background=True),
+            replica.translate(Chunk("en", "pt", [f"int{i}" for i in range(7)])))
+
+    job, interactive = loop.run_until_complete(scenario())
+    assert job[0] == [f"JOB{i}" for i in range(7)] and interactive[0] == [f"INT{i}" for i in range(7)]
+    job_calls = [c for c in backend.calls[1:] if c[0].startswith("job")]
+    assert job_calls and max(len(c) for c in job_calls) <= 2
+    assert max(len(c) for c in backend.calls[1:] if c[0].startswith("int")) <= 4
