@@ -28,9 +28,13 @@ WORKDIR /home/ray/serve-app
 COPY --chown=ray:users pyproject.toml README.md ./
 COPY --chown=ray:users serve_app ./serve_app
 COPY --chown=ray:users deployments ./deployments
+# The bring-your-own-model example registered in the Serve config (`models:`); your own model
+# modules go here too (or in a package of their own that you install).
+COPY --chown=ray:users examples ./examples
 # A regular (non-editable) install: serve_app.builder:build_app is importable from any
 # working directory, which is where KubeRay's `ray start` runs. ray[serve]==2.60.0 is
-# already in the base image, so pip keeps it.
-RUN pip install --no-cache-dir .
+# already in the base image, so pip keeps it. The ctranslate2 extra makes
+# `translation.backend: ctranslate2` available (int8 on CPU).
+RUN pip install --no-cache-dir ".[ctranslate2]"
 
 ENV RAY_USAGE_STATS_ENABLED=0

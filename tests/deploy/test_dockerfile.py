@@ -29,9 +29,9 @@ def test_torch_pin_matches_the_makefile():
 
 def test_image_gets_the_code_and_not_the_rest():
     text = (ROOT / "Dockerfile").read_text(encoding="utf-8")
-    assert "pip install --no-cache-dir ." in text
+    assert 'pip install --no-cache-dir ".[ctranslate2]"' in text
     ignored = (ROOT / ".dockerignore").read_text(encoding="utf-8").split()
     for path in (".venv", ".git", "tests"):
         assert path in ignored
-    for needed in ("serve_app", "deployments", "pyproject.toml"):
+    for needed in ("serve_app", "deployments", "examples", "pyproject.toml"):
         assert needed not in ignored and f"COPY --chown=ray:users {needed}" in text
