@@ -178,7 +178,10 @@ def kind_of(proc: psutil.Process) -> str:
         cmd = " ".join(proc.cmdline()) or proc.name()
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return "other"
-    if "ProxyActor" in cmd or "haproxy" in cmd:  # Serve's Python proxy, or HAProxy in its place
+    with contextlib.suppress(psutil.Error, IndexError):
+        if Path(proc.cmdline()[0]).name == "haproxy":  # RAY_SERVE_ENABLE_HA_PROXY=1: HAProxy in front
+            return "proxy"
+    if "ProxyActor" in cmd:
         return "proxy"
     replica = re.search(r"ServeReplica:[^:\s]+:(\w+)", cmd)
     if replica:
@@ -188,10 +191,11 @@ def kind_of(proc: psutil.Process) -> str:
         return "controller"
     if "raylet" in cmd or "gcs_server" in cmd:
         return "raylet+gcs"
-    if "dashboard" in cmd:
-        return "dashboard"
-    if "serve_app.run" in cmd or "serve run" in cmd or re.search(r"/serve\s+run\b", cmd):
+    # Drivers before the dashboard: their command lines hold the config's path, named after the variant.
+    if "serve_app.run" in cmd or re.search(r"(^|/)serve\s+run\b", cmd):
         return "drivers"
+    if "ray/dashboard/" in cmd or "ray-dashboard-" in cmd or "multiprocessing.forkserver" in cmd:
+        return "dashboard"
     return "other"
 
 
@@ -560,6 +564,39 @@ def table(results: list[dict]) -> str:
     return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in rows)
 
 
+def plot(results: list[dict], path: Path) -> None:
+    """Stacked bars: CPU ms per request of each variant, by process kind, the model's part apart."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in results if "cpu_ms_per_request" in r]
+    labels = [r["variant"] for r in rows]
+    fig, ax = plt.subplots(figsize=(max(8, 1.2 * len(rows) + 3), 4.5))
+    bottom = [0.0] * len(rows)
+
+    def bar(values: list[float], name: str) -> None:
+        ax.bar(labels, values, bottom=bottom, label=name)
+        for i, v in enumerate(values):
+            bottom[i] += v
+
+    model = [r["model_cpu_ms_per_request"] or 0.0 for r in rows]
+    bar(model, "model (Translator's model thread)")
+    for kind in KINDS:
+        values = [r["cpu_ms_per_request"][kind] - (model[i] if kind == "model" else 0.0) for i, r in enumerate(rows)]
+        if any(v > 0.05 for v in values):
+            bar(values, "model replica, Serve's part" if kind == "model" else kind)
+    for i, r in enumerate(rows):
+        ax.text(i, bottom[i] + 0.3, f"{r['requests_per_s']:g} req/s", ha="center", fontsize=8)
+    ax.set_ylabel("CPU ms per request")
+    ax.set_title("CPU per /translation request, by process")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    ax.tick_params(axis="x", labelrotation=20, labelsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -573,10 +610,18 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--memory", action="store_true", help="also measure PSS with one more Translator replica")
     p.add_argument("--profile", type=Path, help="folder for py-spy profiles of proxy/ingress/model")
     p.add_argument("--json", type=Path, help="append every result (one JSON object per line) here")
+    p.add_argument("--plot", type=Path, help="draw the CPU per request of each variant (PNG) here")
+    p.add_argument("--replot", type=Path, metavar="JSONL",
+                   help="with --plot: draw from the results a --json file holds instead of measuring")
     p.add_argument("--stats-server", metavar="GCS_ADDRESS", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.stats_server:
         return stats_server(args.stats_server)
+    if args.replot:
+        if not args.plot:
+            raise SystemExit("--replot needs --plot OUT.png")
+        plot([json.loads(line) for line in args.replot.read_text().splitlines() if line.strip()], args.plot)
+        return 0
     variants = [Variant.parse(v) for v in args.variant] or [Variant("baseline")]
     results = []
     with tempfile.TemporaryDirectory(prefix="overhead-") as tmp:
@@ -608,6 +653,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                 with open(args.json, "a") as f:
                     f.write(json.dumps({"memory": extra, **more}) + "\n")
     print(table(results))
+    if args.plot:
+        plot(results, args.plot)
     for r in results:
         for name, prof in (r.get("profiles") or {}).items():
             print(f"\n{r['variant']} {name} ({prof['samples']} on-CPU samples); inclusive %:")

@@ -83,7 +83,12 @@ class _Proc:
     ("ray::ServeController", "controller"),
     ("/x/ray/core/src/ray/raylet/raylet --raylet_socket_name=x", "raylet+gcs"),
     ("/x/python /x/ray/dashboard/dashboard.py", "dashboard"),
+    ("/x/python -B -c from multiprocessing.forkserver import main; main(25)", "dashboard"),
     ("/x/python -m serve_app.run cfg.yaml", "drivers"),
+    ("/x/python -m serve_app.run /tmp/haproxy.yaml", "drivers"),  # a config named after HAProxy
+    ("/x/python -m serve_app.run /tmp/no-dashboard.yaml", "drivers"),
+    ("/x/python3 /x/bin/serve run /tmp/no-dashboard.yaml --address 1.2.3.4:5", "drivers"),
+    ("ray-dashboard-ServeHead-0 (/x/python -B -c from multiprocessing.forkserver)", "dashboard"),
     ("ray::DashboardAgent", "other"),  # the per-node agent (metrics export) runs without the dashboard too
     ("ray::IDLE", "other"),
 ])
