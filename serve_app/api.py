@@ -94,7 +94,9 @@ def current_limits() -> IngressSettings:
     return _DEFAULT_LIMITS
 
 
-def get_service() -> Service:
+async def get_service() -> Service:
+    # async on purpose: FastAPI runs a plain `def` dependency in a worker thread, a thread
+    # hop (and GIL hand-off) on every request for what is a global lookup.
     if _service is None:
         raise NotReady("The service is starting.", retry_after_s=2)
     return _service
