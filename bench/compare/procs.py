@@ -27,12 +27,29 @@ def _log_tail(log: Path, chars: int = 3000) -> str:
         return ""
 
 
+#: environment variable stamped on each server so its descendants can be found after they detach
+SERVER_TAG_ENV = "SERVE_APP_BENCH_SERVER"
+
+
+def _tagged(tag: str) -> list[psutil.Process]:
+    """Processes whose environment carries `tag` (inherited from the server we started)."""
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get(SERVER_TAG_ENV) == tag:
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
 class Server:
     def __init__(self, argv: list[str], env: dict, log: Path, cwd: Path):
         self.log = log
         self._log_file = open(log, "wb")
-        self.proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=self._log_file, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self._tag = f"{os.getpid()}-{time.monotonic_ns()}"
+        self.proc = subprocess.Popen(argv, env={**env, SERVER_TAG_ENV: self._tag}, cwd=cwd,
+                                     stdout=self._log_file, stderr=subprocess.STDOUT, start_new_session=True)
 
     def wait_ready(self, url: str, timeout_s: float) -> float:
         """Poll `url` until it answers 200; returns the seconds it took."""
@@ -67,8 +84,11 @@ class Server:
             self.proc.wait(STOP_GRACE_S)
         except subprocess.TimeoutExpired:
             pass
+        # Children that left the group (Ray's own daemons) or outlived their parent (MLPool's
+        # worker processes were found orphaned after their server stopped): by pid and by tag.
+        tree = list({p.pid: p for p in (*tree, *_tagged(self._tag))}.values())
         _, alive = psutil.wait_procs(tree, timeout=1)
-        for p in alive:  # children that left the group (Ray's own daemons), by pid
+        for p in alive:
             try:
                 p.kill()
             except psutil.NoSuchProcess:
