@@ -45,3 +45,12 @@ def metric_sum(samples: dict, name: str, **labels: str) -> float:
         if all(have.get(k) == v for k, v in labels.items()):
             total += value
     return total
+
+
+def deep_update(target: dict, updates: dict) -> None:
+    """Merge `updates` into `target` in place, recursing into dicts both hold (the update wins)."""
+    for key, value in updates.items():
+        if isinstance(value, dict) and isinstance(target.get(key), dict):
+            deep_update(target[key], value)
+        else:
+            target[key] = value

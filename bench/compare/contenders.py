@@ -12,6 +12,7 @@ from typing import Callable
 import yaml
 
 from bench.peers.models import ROOT, project_args
+from tests.support import deep_update
 
 MAIN_PYTHON = Path(sys.executable)
 BENTOML_VENV = ROOT / ".bench-venvs" / "bentoml"
@@ -57,15 +58,6 @@ def _import_missing(module: str) -> Callable[[], str | None]:
     return check
 
 
-def _merge(base: dict, extra: dict) -> dict:
-    for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(base.get(key), dict):
-            _merge(base[key], value)
-        else:
-            base[key] = value
-    return base
-
-
 def _serve_app_argv(workload: str, port: int, scratch: Path) -> list[str]:
     """serve_config.yaml with the bench port and the workload's model args, checked like `make run` does."""
     config = scratch / "serve_config.yaml"
@@ -75,7 +67,7 @@ def _serve_app_argv(workload: str, port: int, scratch: Path) -> list[str]:
     rendered = yaml.safe_load(config.read_text())
     for app in rendered["applications"]:
         if app["import_path"].startswith("serve_app."):
-            _merge(app.setdefault("args", {}), project_args(workload))
+            deep_update(app.setdefault("args", {}), project_args(workload))
     config.write_text(yaml.safe_dump(rendered, sort_keys=False))
     done = subprocess.run([*check, str(config)], cwd=ROOT, capture_output=True, text=True)
     if done.returncode != 0:

@@ -18,7 +18,7 @@ from typing import Optional
 import httpx
 import yaml
 
-from tests.support import metric_sum, scrape, wait_for  # noqa: F401 (re-exported to the chaos tests)
+from tests.support import deep_update, metric_sum, scrape, wait_for  # noqa: F401 (re-exported to the chaos tests)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,14 +29,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _deep_update(target: dict, updates: dict) -> None:
-    for key, value in updates.items():
-        if isinstance(value, dict) and isinstance(target.get(key), dict):
-            _deep_update(target[key], value)
-        else:
-            target[key] = value
 
 
 class ServeRun:
@@ -65,10 +57,10 @@ class ServeRun:
         # The tests hurt model computation, and send the same texts again from test to test:
         # the ingress's response cache would answer those without a model (pass
         # args={"cache": {"enabled": True}} to keep it).
-        _deep_update(app.setdefault("args", {}), {"cache": {"enabled": False}})
-        _deep_update(app["args"], args)
+        deep_update(app.setdefault("args", {}), {"cache": {"enabled": False}})
+        deep_update(app["args"], args)
         for d in app["deployments"]:
-            _deep_update(d, deployments.get(d["name"], {}))
+            deep_update(d, deployments.get(d["name"], {}))
         return config
 
     def write_config(self) -> Path:
