@@ -272,3 +272,14 @@ def test_http_jobs_are_404_when_off():
         resp = client.post("/jobs", json={"task": "translation", "payload": _translation(1)})
     set_service(None)
     assert resp.status_code == 404 and resp.json()["error_type"] == "not_found"
+
+
+def test_a_job_past_its_timeout_fails_with_timeout():
+    async def scenario():
+        runner, translator, _ = _runner(FakeTranslator(delay_s=30), job_timeout_s=0.05)
+        view = await runner.submit("translation", _translation(3))
+        return await _finished(runner, view["job_id"]), translator
+
+    view, translator = asyncio.run(scenario())
+    assert view["status"] == "failed" and view["error"]["error_type"] == "timeout"
+    assert translator.cancelled == 1  # its call was cancelled, not left computing
