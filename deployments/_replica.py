@@ -225,6 +225,11 @@ class _TrackedBatchMethod:
                     replica._interactive_idle.set()
 
 
+def _is_background(method: Any) -> bool:
+    """Whether a `@serve.batch` method carries job work: by convention, `_background` in its name."""
+    return "_background" in method.__name__
+
+
 def _records_of(item: Any) -> int:
     texts = getattr(item, "texts", item)
     try:
@@ -275,7 +280,7 @@ class ModelReplica:
         """The `@serve.batch` methods that carry job (background) work: their batches start only
         when no interactive call is queued or computing on this replica. By convention, the
         batched methods whose name contains `_background`."""
-        return [m for m in self._batched_methods() if "_background" in m.__name__]
+        return [m for m in self._batched_methods() if _is_background(m)]
 
     def _batch_started(self, items: list[Any]) -> None:
         """Call first thing in a `@serve.batch` method: marks its calls as started (no longer
@@ -312,7 +317,7 @@ class ModelReplica:
         """The batch size of `method`'s queue: `size`, capped by background_max_batch_size for
         the job (background) queue."""
         cap = self.batch_config.background_max_batch_size
-        if cap is not None and "_background" in method.__name__:
+        if cap is not None and _is_background(method):
             return min(size, cap)
         return size
 
