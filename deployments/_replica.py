@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import heapq
-import itertools
 import logging
 import math
 import threading
 import time
+from collections import deque
 from concurrent.futures import Future
+from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any, Callable, Optional
 
@@ -32,63 +32,145 @@ class Priority(IntEnum):
     BACKGROUND = 1
 
 
-class PriorityModelThread:
-    """One thread that runs model calls one at a time, highest priority first.
+#: What a batch computation returns for one of its calls: the call's output or the exception it gets.
+Compute = Callable[[list], list]
 
-    A replica's batch queues (one interactive, one background) each hand it at most
-    one batch at a time; when both wait, the interactive batch goes first, so an
-    interactive request waits for at most the background batch already computing.
-    Within a priority, calls run in the order they came. A call cancelled before it
-    started (its caller gave up) is skipped, never computed.
+
+class _Entry:
+    """One call waiting for the model: its item, records, the computation it joins, and its future."""
+
+    __slots__ = ("item", "records", "compute", "cap", "future", "enqueued_at", "started_at")
+
+    def __init__(self, item: Any, records: int, compute: Compute, cap: int):
+        self.item, self.records, self.compute, self.cap = item, records, compute, cap
+        self.future: Future = Future()
+        self.enqueued_at = time.perf_counter()
+        self.started_at: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class BatchOutcome:
+    """One computation the model thread ran: what the replica's bookkeeping needs."""
+
+    priority: int
+    records: int
+    seconds: float
+    cpu_seconds: float
+    #: every call of the batch failed (the model is broken, not one input)
+    failed: bool
+    error: Optional[BaseException] = None
+
+
+class ModelQueue:
+    """The replica's model thread and the queue in front of it.
+
+    Callers submit one *call* at a time (an item of records and the function that computes a
+    list of items). Each time the thread is free it takes the oldest waiting call of the
+    highest priority and joins to it, in arrival order, every other waiting call of that
+    priority and function while their records fit the first call's `cap` (its queue's live
+    `max_batch_size`), then runs the function once over all of them.
+
+    That join is what makes the batch size follow the load: `@serve.batch` (Ray 2.60) forms its
+    next batch from what arrives in `batch_wait_timeout_s` *while the previous batch is still
+    computing*, so behind a slow model it hands over a string of one- or two-record batches
+    (measured: 32 concurrent requests computed as 1-2 record batches, a 1 s model call each).
+    Joined here, everything that arrived while the model was busy rides in the next call.
+
+    A call cancelled before its batch started (its caller gave up) is skipped, never computed.
+    `on_batch(outcome)` is called on the model thread after each computation.
     """
 
-    def __init__(self, name: str = "model"):
-        self._heap: list[tuple[int, int, Future, Callable[[], Any]]] = []
-        self._order = itertools.count()
+    def __init__(self, name: str = "model", on_batch: Optional[Callable[[BatchOutcome], None]] = None):
+        self._waiting: dict[int, deque[_Entry]] = {}
         self._ready = threading.Condition()
         self._closed = False
+        self._on_batch = on_batch
         self._thread = threading.Thread(target=self._work, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, fn: Callable[[], Any], priority: int = Priority.INTERACTIVE) -> Future:
-        future: Future = Future()
+    def submit(self, compute: Compute, item: Any, records: int = 1, priority: int = Priority.INTERACTIVE,
+               cap: Optional[int] = None) -> Future:
+        """Queue one call; its future resolves to `(output, records of the batch it rode in, the
+        batch's start on time.perf_counter)`, or raises the call's exception."""
+        entry = _Entry(item, records, compute, records if cap is None else max(int(cap), 1))
         with self._ready:
             if self._closed:
                 raise RuntimeError("the model thread is shut down")
-            heapq.heappush(self._heap, (int(priority), next(self._order), future, fn))
+            self._waiting.setdefault(int(priority), deque()).append(entry)
             self._ready.notify()
-        return future
+        return entry.future
 
     def waiting(self) -> dict[int, int]:
         """Calls waiting (not computing), by priority."""
         with self._ready:
-            counts: dict[int, int] = {}
-            for priority, _, future, _ in self._heap:
-                if not future.cancelled():
-                    counts[priority] = counts.get(priority, 0) + 1
-            return counts
+            counts = {p: sum(not e.future.cancelled() for e in q) for p, q in self._waiting.items()}
+            return {p: n for p, n in counts.items() if n}
 
     def shutdown(self) -> None:
         with self._ready:
             self._closed = True
             self._ready.notify_all()
 
+    def _take(self) -> tuple[int, list[_Entry]]:
+        """Under the lock: the next batch (highest priority first, joined up to the first call's cap)."""
+        for priority in sorted(self._waiting):
+            queue = self._waiting[priority]
+            batch: list[_Entry] = []
+            records = 0
+            while queue:
+                entry = queue[0]
+                if entry.future.cancelled():
+                    queue.popleft()
+                    continue
+                if batch and (entry.compute != batch[0].compute or records + entry.records > batch[0].cap):
+                    break
+                queue.popleft()
+                if not entry.future.set_running_or_notify_cancel():
+                    continue
+                batch.append(entry)
+                records += entry.records
+            if batch:
+                return priority, batch
+        return 0, []
+
     def _work(self) -> None:
         while True:
             with self._ready:
-                while not self._heap and not self._closed:
+                while True:
+                    priority, batch = self._take()
+                    if batch or self._closed:
+                        break
                     self._ready.wait()
-                if not self._heap:
-                    return
-                _, _, future, fn = heapq.heappop(self._heap)
-            if not future.set_running_or_notify_cancel():
-                continue  # cancelled while waiting: never computed
+            if not batch:
+                return
+            self._run(priority, batch)
+
+    def _run(self, priority: int, batch: list[_Entry]) -> None:
+        records = sum(e.records for e in batch)
+        start, cpu_start = time.perf_counter(), time.thread_time()
+        for entry in batch:
+            entry.started_at = start
+        error: Optional[BaseException] = None
+        try:
+            outputs = list(batch[0].compute([e.item for e in batch]))
+            if len(outputs) != len(batch):
+                raise RuntimeError(f"batch computation returned {len(outputs)} outputs for {len(batch)} calls")
+        except BaseException as exc:  # handed to every caller of the batch
+            error, outputs = exc, [exc] * len(batch)
+        seconds, cpu_seconds = time.perf_counter() - start, time.thread_time() - cpu_start
+        failed = all(isinstance(out, BaseException) for out in outputs)
+        if failed and error is None:
+            error = outputs[0]
+        if self._on_batch is not None:
             try:
-                result = fn()
-            except BaseException as exc:  # handed to the awaiting caller
-                future.set_exception(exc)
+                self._on_batch(BatchOutcome(priority, records, seconds, cpu_seconds, failed, error))
+            except Exception:  # pragma: no cover - bookkeeping must never lose a result
+                logger.exception("model batch bookkeeping failed")
+        for entry, out in zip(batch, outputs):
+            if isinstance(out, BaseException):
+                entry.future.set_exception(out)
             else:
-                future.set_result(result)
+                entry.future.set_result((out, records, start))
 
 
 def cpu_share(default: float = 1.0) -> float:
@@ -174,20 +256,11 @@ class _Metrics:
             self.failures.inc()
 
 
-class _Ticket:
-    """One call waiting in a batch queue: when it entered, how many records, whether its batch started."""
-
-    __slots__ = ("enqueued_at", "records", "started")
-
-    def __init__(self, records: int):
-        self.enqueued_at = time.perf_counter()
-        self.records = records
-        self.started = False
-
-
 class _TrackedBatchMethod:
-    """Wraps a replica's `@serve.batch` method to stamp each call's enqueue time and to count
-    calls cancelled before their batch started (Serve drops those from the batch: never computed).
+    """Wraps a replica's `@serve.batch` method (the intake: it hands each call to the model queue and
+    returns the call's model-queue future) and awaits the call's result: `(output, records of the
+    batch it rode in)`. Counts calls cancelled before their batch started (never computed) and
+    observes how long each waited.
 
     Attribute access (set_max_batch_size, ...) goes to the wrapped method.
     """
@@ -202,23 +275,27 @@ class _TrackedBatchMethod:
 
     async def __call__(self, item: Any) -> Any:
         replica = self._replica
-        ticket = _Ticket(_records_of(item))
-        replica._tickets[id(item)] = ticket
-        replica._stats["enqueued"] += ticket.records
-        replica._metrics.count_enqueued(ticket.records)
+        records = _records_of(item)
+        enqueued_at = time.perf_counter()
+        replica._stats["enqueued"] += records
+        replica._metrics.count_enqueued(records)
         interactive = self._priority == Priority.INTERACTIVE
         if interactive:
             replica._interactive_calls += 1
             replica._interactive_idle.clear()
+        queued: Optional[Future] = None
         try:
-            return await self._method(item)
+            queued = await self._method(item)
+            output, batch_records, started_at = await asyncio.wrap_future(queued)
+            replica._metrics.observe_queue_wait(started_at - enqueued_at)
+            return output, batch_records
         except asyncio.CancelledError:
-            if not ticket.started:
-                replica._stats["cancelled"] += ticket.records
-                replica._metrics.count_cancelled(ticket.records)
+            # Still in Serve's intake, or in the model queue and not started: dropped, never computed.
+            if queued is None or queued.cancelled():
+                replica._stats["cancelled"] += records
+                replica._metrics.count_cancelled(records)
             raise
         finally:
-            replica._tickets.pop(id(item), None)
             if interactive:
                 replica._interactive_calls -= 1
                 if replica._interactive_calls == 0:
@@ -245,10 +322,11 @@ class ModelReplica:
     default_batch: BatchConfig
 
     def _init_replica(self) -> None:
-        # One thread runs the model so the replica's event loop keeps accepting
-        # calls (and forming the next batch) while a batch computes; interactive
-        # batches go ahead of background (job) batches waiting for it.
-        self._model_thread = PriorityModelThread(f"{self.deployment_name}-model")
+        # One thread runs the model so the replica's event loop keeps accepting calls while a
+        # batch computes; it joins every call waiting for it into the next batch (up to the live
+        # max_batch_size), interactive calls ahead of background (job) calls.
+        self._model_thread = ModelQueue(f"{self.deployment_name}-model", on_batch=self._batch_finished)
+        self._loop: Optional[asyncio.AbstractEventLoop] = None  # the replica's, seen at the first call
         self._failures_in_a_row = 0
         self._last_error: Optional[str] = None
         self._metrics = _Metrics(self.deployment_name)
@@ -258,7 +336,6 @@ class ModelReplica:
                        # CPU seconds of the model thread inside model calls (bench/overhead.py
                        # subtracts it from the replica's CPU to find Serve's share)
                        "model_cpu_s": 0.0}
-        self._tickets: dict[int, _Ticket] = {}
         # Interactive calls queued or computing; background batches wait until there are none.
         self._interactive_calls = 0
         self._interactive_idle = asyncio.Event()
@@ -281,16 +358,6 @@ class ModelReplica:
         when no interactive call is queued or computing on this replica. By convention, the
         batched methods whose name contains `_background`."""
         return [m for m in self._batched_methods() if _is_background(m)]
-
-    def _batch_started(self, items: list[Any]) -> None:
-        """Call first thing in a `@serve.batch` method: marks its calls as started (no longer
-        cancellable from the queue) and observes how long each waited in the queue."""
-        now = time.perf_counter()
-        for item in items:
-            ticket = self._tickets.get(id(item))
-            if ticket is not None and not ticket.started:
-                ticket.started = True
-                self._metrics.observe_queue_wait(now - ticket.enqueued_at)
 
     def stats(self) -> dict:
         """Records this replica queued, computed and dropped (cancelled while queued), and the
@@ -316,8 +383,13 @@ class ModelReplica:
     def _size_for(self, method: Any, size: int) -> int:
         """The batch size of `method`'s queue: `size`, capped by background_max_batch_size for
         the job (background) queue."""
+        return self._cap_for(Priority.BACKGROUND if _is_background(method) else Priority.INTERACTIVE, size)
+
+    def _cap_for(self, priority: int, size: int) -> int:
+        """Most records in one batch of `priority`: `size`, capped by background_max_batch_size
+        for job (background) work."""
         cap = self.batch_config.background_max_batch_size
-        if cap is not None and _is_background(method):
+        if cap is not None and priority >= Priority.BACKGROUND:
             return min(size, cap)
         return size
 
@@ -352,37 +424,47 @@ class ModelReplica:
         self._apply_batch_config()
         logger.info("%s batch config: %s", self.deployment_name, self.batch_config.model_dump())
 
-    async def _run_model(self, fn: Callable[[], Any], records: int,
-                         priority: int = Priority.INTERACTIVE) -> Any:
-        """Run `fn` (one batch of `records`) on the model thread at `priority`; the model
-        time observed is the computation alone, not the wait for the thread.
+    def _enqueue(self, items: list[Any], compute: Compute, priority: Priority = Priority.INTERACTIVE) -> list[Future]:
+        """The body of a `@serve.batch` intake method: hand each call to the model queue, which
+        runs `compute` (on the model thread) over the calls it joins into one batch; returns the
+        calls' futures (Serve hands each caller its own)."""
+        self._loop = asyncio.get_running_loop()
+        cap = self._cap_for(priority, self.live_max_batch_size())
+        return [self._model_thread.submit(compute, item, _records_of(item), priority, cap) for item in items]
 
-        A background batch first waits until no interactive call is queued or computing:
-        interactive requests never wait behind more than the one job batch already computing."""
-        if priority >= Priority.BACKGROUND:
-            while self._interactive_calls:
-                await self._interactive_idle.wait()
-        def timed() -> tuple[Any, float]:
-            start, cpu_start = time.perf_counter(), time.thread_time()
-            try:
-                return fn(), time.perf_counter() - start
-            finally:
-                self._stats["model_cpu_s"] += time.thread_time() - cpu_start
+    async def _enqueue_background(self, items: list[Any], compute: Compute) -> list[Future]:
+        """`_enqueue` for job work, once no interactive call is queued or computing on this replica:
+        an interactive request never waits behind more than the job batch already computing."""
+        while self._interactive_calls:
+            await self._interactive_idle.wait()
+        return self._enqueue(items, compute, Priority.BACKGROUND)
 
+    def _batch_finished(self, outcome: BatchOutcome) -> None:
+        """On the model thread, after each batch: the bookkeeping goes to the replica's loop (before
+        the callers' results, which are set after this returns)."""
+        self._stats["model_cpu_s"] += outcome.cpu_seconds
+        loop = self._loop
+        if loop is None:
+            self._record_batch(outcome)
+            return
         try:
-            result, seconds = await asyncio.wrap_future(self._model_thread.submit(timed, priority))
-        except Exception as exc:
+            loop.call_soon_threadsafe(self._record_batch, outcome)
+        except RuntimeError:  # pragma: no cover - the loop closed: the replica is shutting down
+            pass
+
+    def _record_batch(self, outcome: BatchOutcome) -> None:
+        if outcome.failed:
             self._failures_in_a_row += 1
-            self._last_error = repr(exc)
+            self._last_error = repr(outcome.error)
             self._metrics.failed()
-            raise
+            return
         self._failures_in_a_row = 0
-        self._stats["computed"] += records
-        self._stats["computed_background" if priority >= Priority.BACKGROUND else "computed_interactive"] += records
-        self._metrics.observe_batch(records, seconds)
+        self._stats["computed"] += outcome.records
+        background = outcome.priority >= Priority.BACKGROUND
+        self._stats["computed_background" if background else "computed_interactive"] += outcome.records
+        self._metrics.observe_batch(outcome.records, outcome.seconds)
         if self._sizer is not None:
-            self._sizer.observe(seconds, records)
-        return result
+            self._sizer.observe(outcome.seconds, outcome.records)
 
     def check_health(self) -> None:
         """Serve calls this every health_check_period_s; raising marks the replica unhealthy."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from concurrent.futures import Future
 from typing import Any
 
 from pydantic import BaseModel
@@ -24,7 +25,7 @@ from serve_app.custom_models import deployment_name, import_model_module
 from serve_app.settings import CustomModelSpec
 
 from ._config import CUSTOM_MODEL_BATCH, model_deployment_options
-from ._replica import ModelReplica, Priority
+from ._replica import ModelReplica
 from .batching import count_records, split
 
 logger = logging.getLogger("ray.serve")
@@ -64,63 +65,49 @@ class CustomModel(ModelReplica):
         batched = self._predict_background_batch if background else self._predict_batch
         pieces = split(items, self._size_for(batched, self.batch_config.max_batch_size))
         results = await asyncio.gather(*(batched(piece) for piece in pieces))
-        for result in results:
-            if isinstance(result, BaseException):
-                raise result
         return [out for outputs, _ in results for out in outputs], max(size for _, size in results)
 
-    # Two batch queues with the same knobs (reconfigure sets both): interactive requests and
-    # job work batch separately, and the model thread runs interactive batches first.
+    # Two intake queues with the same knobs (reconfigure sets both): interactive requests and job
+    # work. The model queue joins what waits into the next batch and runs interactive batches first.
     @serve.batch(
         max_batch_size=CUSTOM_MODEL_BATCH.max_batch_size,
         batch_wait_timeout_s=CUSTOM_MODEL_BATCH.batch_wait_timeout_s,
         batch_size_fn=count_records,
     )
-    async def _predict_batch(self, items: list[list[BaseModel]]) -> list[Any]:
-        return await self._predict_calls(items, Priority.INTERACTIVE)
+    async def _predict_batch(self, items: list[list[BaseModel]]) -> list[Future]:
+        return self._enqueue(items, self._predict_items)
 
     @serve.batch(
         max_batch_size=CUSTOM_MODEL_BATCH.max_batch_size,
         batch_wait_timeout_s=CUSTOM_MODEL_BATCH.batch_wait_timeout_s,
         batch_size_fn=count_records,
     )
-    async def _predict_background_batch(self, items: list[list[BaseModel]]) -> list[Any]:
-        return await self._predict_calls(items, Priority.BACKGROUND)
+    async def _predict_background_batch(self, items: list[list[BaseModel]]) -> list[Future]:
+        return await self._enqueue_background(items, self._predict_items)
 
-    async def _predict_calls(self, items: list[list[BaseModel]], priority: Priority) -> list[Any]:
-        """One `predict` over every call's inputs; each call gets its slice (or, when the joined
-        batch failed and the call failed again alone, its exception)."""
-        self._batch_started(items)
-        records = count_records(items)
-        flat = [x for item in items for x in item]
+    def _predict_items(self, items: list[list[BaseModel]]) -> list[Any]:
+        """On the model thread: one `predict` over every call's inputs; each call gets its slice.
+        If the joined batch raises, each call is re-run alone and gets its outputs or its own
+        exception (the batch counts as failed for check_health only if every call failed)."""
         try:
-            outputs = await self._run_model(lambda: self._predict(flat), records, priority)
+            outputs = self._predict([x for item in items for x in item])
         except Exception as exc:
             if len(items) == 1:
                 raise
-            return await self._predict_each_alone(items, exc, priority)
+            logger.warning("%s: a batch of %d calls raised %r; running each call alone", self.deployment_name,
+                           len(items), exc)
+            return [self._predict_alone(item) for item in items]
         results, offset = [], 0
         for item in items:
-            results.append((outputs[offset:offset + len(item)], records))
+            results.append(outputs[offset:offset + len(item)])
             offset += len(item)
         return results
 
-    async def _predict_each_alone(self, items: list[list[BaseModel]], error: Exception,
-                                  priority: Priority) -> list[Any]:
-        logger.warning("%s: a batch of %d calls raised %r; running each call alone", self.deployment_name,
-                       len(items), error)
-        failures_so_far = self._failures_in_a_row  # the joined batch already counted once
-        results: list[Any] = []
-        for item in items:
-            try:
-                outputs = await self._run_model(lambda item=item: self._predict(item), len(item), priority)
-                results.append((outputs, len(item)))
-            except Exception as exc:
-                results.append(exc)
-        # One failed batch counts once towards check_health; any call that worked shows the model works.
-        worked = any(not isinstance(r, BaseException) for r in results)
-        self._failures_in_a_row = 0 if worked else failures_so_far
-        return results
+    def _predict_alone(self, item: list[BaseModel]) -> Any:
+        try:
+            return self._predict(item)
+        except Exception as exc:
+            return exc
 
     def _predict(self, inputs: list[BaseModel]) -> list[dict]:
         """Runs on the model thread: the user's predict, its outputs checked and made JSON-ready."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from concurrent.futures import Future
 
 import numpy as np
 from ray import serve
@@ -10,7 +11,7 @@ from ray import serve
 from serve_app.settings import EmbeddingSettings
 
 from ._config import EMBEDDER_BATCH, model_deployment_options
-from ._replica import ModelReplica, Priority, cpu_share, threads_for_share
+from ._replica import ModelReplica, cpu_share, threads_for_share
 from .backends.embedding import SentenceEmbedder
 from .batching import count_records
 
@@ -42,37 +43,36 @@ class Embedder(ModelReplica):
         `background=True` (job inputs) queues the texts behind interactive requests."""
         batched = self._embed_background_batch if background else self._embed_batch
         results = await self._submit_pieces(batched, texts, list)
-        vectors = np.concatenate([v for v, _, _ in results]) if len(results) > 1 else results[0][0]
-        return vectors, [t for _, tokens, _ in results for t in tokens], max(b for _, _, b in results)
+        vectors = np.concatenate([v for (v, _), _ in results]) if len(results) > 1 else results[0][0][0]
+        return vectors, [t for (_, tokens), _ in results for t in tokens], max(b for _, b in results)
 
-    async def _embed_items(self, items: list[list[str]], priority: Priority) -> list[tuple[np.ndarray, list[int], int]]:
-        self._batch_started(items)
-        records = count_records(items)
-        flat = [text for item in items for text in item]
-        vectors, tokens = await self._run_model(lambda: self.model.embed_sorted(flat), records, priority)
+    def _embed_items(self, items: list[list[str]]) -> list[tuple[np.ndarray, list[int]]]:
+        """On the model thread: one batch of calls; each call's vectors and token counts."""
+        vectors, tokens = self.model.embed_sorted([text for item in items for text in item])
         out, offset = [], 0
         for item in items:
             n = len(item)
-            out.append((vectors[offset:offset + n], tokens[offset:offset + n], records))
+            out.append((vectors[offset:offset + n], tokens[offset:offset + n]))
             offset += n
         return out
 
-    # Interactive and job inputs batch separately; the model thread runs interactive batches first.
+    # Interactive and job inputs enter separately; the model queue joins what waits into the next
+    # batch and runs interactive batches first.
     @serve.batch(
         max_batch_size=EMBEDDER_BATCH.max_batch_size,
         batch_wait_timeout_s=EMBEDDER_BATCH.batch_wait_timeout_s,
         batch_size_fn=count_records,
     )
-    async def _embed_batch(self, items: list[list[str]]) -> list[tuple[np.ndarray, list[int], int]]:
-        return await self._embed_items(items, Priority.INTERACTIVE)
+    async def _embed_batch(self, items: list[list[str]]) -> list[Future]:
+        return self._enqueue(items, self._embed_items)
 
     @serve.batch(
         max_batch_size=EMBEDDER_BATCH.max_batch_size,
         batch_wait_timeout_s=EMBEDDER_BATCH.batch_wait_timeout_s,
         batch_size_fn=count_records,
     )
-    async def _embed_background_batch(self, items: list[list[str]]) -> list[tuple[np.ndarray, list[int], int]]:
-        return await self._embed_items(items, Priority.BACKGROUND)
+    async def _embed_background_batch(self, items: list[list[str]]) -> list[Future]:
+        return await self._enqueue_background(items, self._embed_items)
 
     def ready(self) -> dict:
         return {"deployment": self.deployment_name, "ready_at": self.ready_at}

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
+from concurrent.futures import Future
 
 from ray import serve
 
 from serve_app.settings import TranslationSettings
 
 from ._config import TRANSLATOR_BATCH, model_deployment_options
-from ._replica import ModelReplica, Priority, cpu_share, threads_for_share
+from ._replica import ModelReplica, cpu_share, threads_for_share
 from .backends import load_translation_backend
 from .batching import Chunk, count_records, run_grouped
 from .length_batching import run_token_batched
@@ -43,17 +44,11 @@ class Translator(ModelReplica):
             batched, chunk.texts, lambda piece: Chunk(chunk.source, chunk.target, piece))
         return [text for texts, _ in results for text in texts], max(size for _, size in results)
 
-    async def _translate_chunks(self, chunks: list[Chunk], priority: Priority) -> list[tuple[list[str], int]]:
-        self._batch_started(chunks)
-        records = count_records(chunks)
-        keys = [(c.source, c.target) for c in chunks]
-
-        def run():
-            return run_grouped(keys, [c.texts for c in chunks],
-                               lambda pair, texts: self._translate_texts(texts, pair[0], pair[1]))
-
-        outputs = await self._run_model(run, records, priority)
-        return [(texts, records) for texts in outputs]
+    def _translate_items(self, chunks: list[Chunk]) -> list[list[str]]:
+        """On the model thread: one batch of calls (they may mix language pairs), one model call per
+        pair; each call's translations in order."""
+        return run_grouped([(c.source, c.target) for c in chunks], [c.texts for c in chunks],
+                           lambda pair, texts: self._translate_texts(texts, pair[0], pair[1]))
 
     def _translate_texts(self, texts: list[str], source: str, target: str) -> list[str]:
         """One language pair's records of a batch: one model call, or with `max_batch_tokens` set,
@@ -64,23 +59,24 @@ class Translator(ModelReplica):
         return run_token_batched(texts, self.backend.token_lengths(texts, source), budget,
                                  lambda part: self.backend.translate(part, source, target))
 
-    # Two batch queues with the same knobs (reconfigure sets both): interactive requests and
-    # job records batch separately, and the model thread runs interactive batches first.
+    # Two intake queues with the same knobs (reconfigure sets both): interactive requests and job
+    # records. Each hands its calls to the model queue, which joins what waits into the next batch
+    # (up to the live max_batch_size) and runs interactive batches first.
     @serve.batch(
         max_batch_size=TRANSLATOR_BATCH.max_batch_size,
         batch_wait_timeout_s=TRANSLATOR_BATCH.batch_wait_timeout_s,
         batch_size_fn=count_records,
     )
-    async def _translate_batch(self, chunks: list[Chunk]) -> list[tuple[list[str], int]]:
-        return await self._translate_chunks(chunks, Priority.INTERACTIVE)
+    async def _translate_batch(self, chunks: list[Chunk]) -> list[Future]:
+        return self._enqueue(chunks, self._translate_items)
 
     @serve.batch(
         max_batch_size=TRANSLATOR_BATCH.max_batch_size,
         batch_wait_timeout_s=TRANSLATOR_BATCH.batch_wait_timeout_s,
         batch_size_fn=count_records,
     )
-    async def _translate_background_batch(self, chunks: list[Chunk]) -> list[tuple[list[str], int]]:
-        return await self._translate_chunks(chunks, Priority.BACKGROUND)
+    async def _translate_background_batch(self, chunks: list[Chunk]) -> list[Future]:
+        return await self._enqueue_background(chunks, self._translate_items)
 
     def ready(self) -> dict:
         return {"deployment": self.deployment_name, "ready_at": self.ready_at}
