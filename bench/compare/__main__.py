@@ -71,9 +71,15 @@ def run_contender(contender: Contender, workload: str, profile: Profile, port: i
             with urllib.request.urlopen(url + contender.info_path, timeout=30) as resp:
                 results["contender_info"][f"{contender.name}/{workload}"] = json.loads(resp.read())
         load.run_closed(targets[1], texts_file, WARMUP_CONCURRENCY, profile.warmup_s)
+        if contender.settle_s:
+            busiest = max(profile.concurrencies_for(workload, profile.records[0]))
+            log(f"{contender.name}: {contender.settle_s:g} s at {busiest} clients for its autoscaler to settle")
+            load.run_closed(targets[profile.records[0]], texts_file, busiest, contender.settle_s)
         load.drain(targets[1])
         for records in profile.records:
-            for concurrency in profile.concurrencies_for(workload, records):
+            # Busiest first: a contender that scaled up in the warm-up is measured at the load it
+            # scaled for before its downscale delay can pass (fewer clients cannot be hurt by it).
+            for concurrency in sorted(profile.concurrencies_for(workload, records), reverse=True):
                 cell = load.run_closed(targets[records], texts_file, concurrency, profile.cell_s[workload])
                 results["cells"].append({"contender": contender.name, "workload": workload, "records": records,
                                          "mode": "closed", "concurrency": concurrency, **cell})

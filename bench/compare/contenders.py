@@ -33,6 +33,9 @@ class Contender:
     info_path: str | None = None
     #: why it cannot run here, if it cannot (recorded in the results instead of dropping it)
     unavailable: Callable[[], str | None] = lambda: None
+    #: extra warm-up (s) at the workload's highest concurrency for a contender that scales itself:
+    #: its autoscaler's replicas start during the warm-up, not inside the measured cells
+    settle_s: float = 0.0
 
 
 def _peer(module: str) -> Callable[[str, int, Path], list[str]]:
@@ -83,8 +86,10 @@ CONTENDERS: tuple[Contender, ...] = (
     Contender("bentoml", "BentoML", _bentoml_argv, body_kind="texts", unavailable=_bentoml_missing,
               env=lambda workload: {"BENCH_WORKLOAD": workload, "BENTOML_DO_NOT_TRACK": "True",
                                     "BENTOML_HOME": str(ROOT / ".bench-venvs" / "bentoml-home")}),
+    # Its autoscaler (cpu profile: upscale_delay_s 5 on a 15 s look-back) adds replicas within
+    # ~20-40 s of sustained load, each loading its model: 45 s of warm-up lets that settle.
     Contender("serve_app", "serve-app (this project)", _serve_app_argv, info_path="/v1/models",
-              env=lambda workload: {"SERVE_APP_DRAIN_TIMEOUT_S": "2"}),
+              env=lambda workload: {"SERVE_APP_DRAIN_TIMEOUT_S": "2"}, settle_s=45.0),
 )
 
 #: The in-process ceiling, reported beside the servers.

@@ -145,3 +145,25 @@ def test_append_keeps_other_workloads_and_replaces_the_measured_one():
     assert merged["started_at"] == "16:00 .. 16:30"
     with pytest.raises(SystemExit, match="smoke"):
         merge_previous({**previous, "profile": "smoke"}, fresh)
+
+
+def test_batch_join_pins_the_model_deployment_and_keeps_the_config_valid(tmp_path):
+    import yaml
+
+    from bench.batch_join import ROOT, write_config
+
+    out = write_config(ROOT, "embeddings", 9700, 2, tmp_path / "c.yaml")  # raises if config_check refuses it
+    config = yaml.safe_load(out.read_text())
+    assert config["http_options"]["port"] == 9700
+    app = next(a for a in config["applications"] if a["import_path"].startswith("serve_app."))
+    embedder = next(d for d in app["deployments"] if d["name"] == "Embedder")
+    assert embedder["autoscaling_config"]["min_replicas"] == embedder["autoscaling_config"]["max_replicas"] == 2
+    assert app["args"]["cache"] == {"enabled": False}
+
+
+def test_serve_app_settles_at_the_busiest_load_before_its_cells_and_peers_do_not():
+    from bench.compare.contenders import CONTENDERS
+
+    settle = {c.name: c.settle_s for c in CONTENDERS}
+    assert settle.pop("serve_app") >= 30  # its autoscaler's upscale delay + look-back + a model load
+    assert set(settle.values()) == {0.0}

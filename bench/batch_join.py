@@ -1,0 +1,145 @@
+"""Before/after of the model queue's join (issue 5), through Serve, one tree after the other.
+
+Serve 2.60's `@serve.batch` forms its next batch from what arrives in `batch_wait_timeout_s`
+while the previous batch is still computing; behind a slow model that feeds it 1-2 record
+batches. Since 3a3dbb3 the replica's model queue joins every waiting call into the next batch.
+This runs the same load against serve-app started from two source trees (e.g. a `git worktree`
+of the commit before, and this one), with the model deployment pinned to a fixed replica count
+so autoscaling does not blur the comparison:
+
+    git worktree add /tmp/before 3a3dbb3~1 && ln -s $PWD/.venv /tmp/before/.venv
+    flock /tmp/serve-app-cpu.lock .venv/bin/python -m bench.batch_join \\
+        --tree before=/tmp/before --tree after=. --workload translation-transformers --json /tmp/join.jsonl
+
+Per tree and workload it prints, as JSON lines: a burst (N one-record requests sent at once:
+when each finished and the model batch it rode in, from the `X-Batch-Records` header), then
+closed-loop cells (wrk, the `make bench` generator) at each client count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import yaml
+
+from bench.compare import load
+from bench.compare.procs import Server
+from bench.load import POOL
+from bench.peers.models import WORKLOADS, build_marian_sized, project_args
+from tests.support import deep_update
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def write_config(tree: Path, workload: str, port: int, replicas: int, out: Path) -> Path:
+    """The tree's serve_config.yaml, checked by the tree's own config_check, with the bench's model
+    args and the workload's model deployment pinned to `replicas`."""
+    python = str(ROOT / ".venv" / "bin" / "python")
+    check = [python, "-m", "serve_app.config_check"]
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    subprocess.run([*check, str(tree / "serve_config.yaml"), "--port", str(port), "--write", str(out)],
+                   check=True, cwd=tree, env=env, capture_output=True)
+    config = yaml.safe_load(out.read_text())
+    deployment = WORKLOADS[workload].deployment
+    for app in config["applications"]:
+        if not app["import_path"].startswith("serve_app."):
+            continue
+        deep_update(app.setdefault("args", {}), project_args(workload))
+        for dep in app.get("deployments", []):
+            if dep["name"] == deployment:
+                dep.pop("num_replicas", None)
+                dep["autoscaling_config"] = {**dep.get("autoscaling_config", {}),
+                                             "min_replicas": replicas, "max_replicas": replicas}
+    out.write_text(yaml.safe_dump(config, sort_keys=False))
+    subprocess.run([*check, str(out)], check=True, cwd=tree, env=env, capture_output=True)
+    return out
+
+
+async def burst(url: str, route: str, n: int) -> dict:
+    """n one-record requests at once: seconds to each answer and the model batch it rode in."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+        began = time.perf_counter()
+
+        async def one(i: int) -> tuple[float, int]:
+            text = f"({i}) {POOL[i % len(POOL)]}"
+            body = ({"input": text} if route == "/embeddings" else
+                    {"payload": {"fromLang": "en", "toLang": "pt", "records": [{"id": "0", "text": text}]}})
+            async with session.post(url + route, json=body, headers={"Cache-Control": "no-store"}) as resp:
+                await resp.read()
+                if resp.status != 200:
+                    raise RuntimeError(f"burst request answered {resp.status}")
+                return time.perf_counter() - began, int(resp.headers["X-Batch-Records"])
+
+        done = sorted(await asyncio.gather(*(one(i) for i in range(n))))
+    return {"requests": n, "all_done_s": round(done[-1][0], 2),
+            "batch_records": sorted({b for _, b in done}), "finish_s": [round(t, 2) for t, _ in done]}
+
+
+def measure(name: str, tree: Path, workload: str, args, scratch: Path) -> list[dict]:
+    port = args.port
+    config = write_config(tree, workload, port, args.replicas, scratch / f"{name}-{workload}.yaml")
+    env = dict(os.environ, PYTHONPATH=str(tree), RAY_USAGE_STATS_ENABLED="0", SERVE_APP_DRAIN_TIMEOUT_S="2",
+               SERVE_APP_CACHE_ENABLED="false")
+    server = Server([str(ROOT / ".venv" / "bin" / "python"), "-m", "serve_app.run", str(config)], env,
+                    scratch / f"{name}-{workload}.log", tree)
+    url, route = f"http://127.0.0.1:{port}", WORKLOADS[workload].route
+    rows = []
+    try:
+        server.wait_ready(url + "/readyz", 240)
+        kind = "embeddings" if workload == "embeddings" else "translation"
+        texts_file = load.write_texts(tuple(POOL), scratch / "texts.jsonl")
+        warm = load.Target(url, route, kind, 1, tuple(POOL))
+        load.run_closed(warm, texts_file, 8, 3)
+        load.drain(warm)
+        rows.append({"tree": name, "workload": workload, "kind": "burst",
+                     **asyncio.run(burst(url, route, args.burst))})
+        for records in args.records:
+            target = load.Target(url, route, kind, records, tuple(POOL))
+            for clients in args.clients:
+                load.drain(target)
+                cell = load.run_closed(target, texts_file, clients, args.cell_s)
+                rows.append({"tree": name, "workload": workload, "kind": "closed", "records": records,
+                             "clients": clients, **cell})
+        for row in rows:
+            print(json.dumps(row), flush=True)
+        return rows
+    finally:
+        server.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tree", action="append", required=True, help="name=path of a source tree (repeat)")
+    parser.add_argument("--workload", action="append", choices=sorted(WORKLOADS), required=True)
+    parser.add_argument("--replicas", type=int, default=1, help="model deployment replicas (pinned)")
+    parser.add_argument("--burst", type=int, default=32)
+    parser.add_argument("--clients", type=int, nargs="+", default=[64])
+    parser.add_argument("--records", type=int, nargs="+", default=[1])
+    parser.add_argument("--cell-s", type=float, default=20.0)
+    parser.add_argument("--port", type=int, default=9613)
+    parser.add_argument("--json", type=Path, help="append the rows here too")
+    args = parser.parse_args()
+    trees = [(t.split("=", 1)[0], Path(t.split("=", 1)[1]).resolve()) for t in args.tree]
+    if "translation-transformers" in args.workload:
+        build_marian_sized()
+    scratch = Path(os.environ.get("TMPDIR", "/tmp")) / "batch-join"
+    scratch.mkdir(exist_ok=True)
+    rows = []
+    for workload in args.workload:
+        for name, tree in trees:  # interleaved: both trees per workload, back to back
+            rows += measure(name, tree, workload, args, scratch)
+    if args.json:
+        with args.json.open("a") as out:
+            out.writelines(json.dumps(row) + "\n" for row in rows)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
