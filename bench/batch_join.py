@@ -11,6 +11,8 @@ so autoscaling does not blur the comparison:
     flock /tmp/serve-app-cpu.lock .venv/bin/python -m bench.batch_join \\
         --tree before=/tmp/before --tree after=. --workload translation-transformers --json /tmp/join.jsonl
 
+A tree may carry environment variables for its server: `--tree 'no-sharing=.:SERVE_APP_X=1,SERVE_APP_Y=2'`.
+
 Per tree and workload it prints, as JSON lines: a burst (N one-record requests sent at once:
 when each finished and the model batch it rode in, from the `X-Batch-Records` header), then
 closed-loop cells (wrk, the `make bench` generator) at each client count.
@@ -83,11 +85,19 @@ async def burst(url: str, route: str, n: int) -> dict:
             "batch_records": sorted({b for _, b in done}), "finish_s": [round(t, 2) for t, _ in done]}
 
 
-def measure(name: str, tree: Path, workload: str, args, scratch: Path) -> list[dict]:
+def parse_tree(spec: str) -> tuple[str, Path, dict]:
+    """`name=path[:ENV=VALUE,...]` -> (name, path, env)."""
+    name, rest = spec.split("=", 1)
+    path, _, env_part = rest.partition(":")
+    env = dict(item.split("=", 1) for item in env_part.split(",") if item)
+    return name, Path(path).resolve(), env
+
+
+def measure(name: str, tree: Path, extra_env: dict, workload: str, args, scratch: Path) -> list[dict]:
     port = args.port
     config = write_config(tree, workload, port, args.replicas, scratch / f"{name}-{workload}.yaml")
     env = dict(os.environ, PYTHONPATH=str(tree), RAY_USAGE_STATS_ENABLED="0", SERVE_APP_DRAIN_TIMEOUT_S="2",
-               SERVE_APP_CACHE_ENABLED="false")
+               SERVE_APP_CACHE_ENABLED="false", **extra_env)
     server = Server([str(ROOT / ".venv" / "bin" / "python"), "-m", "serve_app.run", str(config)], env,
                     scratch / f"{name}-{workload}.log", tree)
     url, route = f"http://127.0.0.1:{port}", WORKLOADS[workload].route
@@ -99,14 +109,15 @@ def measure(name: str, tree: Path, workload: str, args, scratch: Path) -> list[d
         warm = load.Target(url, route, kind, 1, tuple(POOL))
         load.run_closed(warm, texts_file, 8, 3)
         load.drain(warm)
-        rows.append({"tree": name, "workload": workload, "kind": "burst",
+        rows.append({"tree": name, "env": extra_env, "workload": workload, "kind": "burst",
                      **asyncio.run(burst(url, route, args.burst))})
         for records in args.records:
             target = load.Target(url, route, kind, records, tuple(POOL))
             for clients in args.clients:
                 load.drain(target)
                 cell = load.run_closed(target, texts_file, clients, args.cell_s)
-                rows.append({"tree": name, "workload": workload, "kind": "closed", "records": records,
+                rows.append({"tree": name, "env": extra_env, "workload": workload, "kind": "closed",
+                             "records": records,
                              "clients": clients, **cell})
         for row in rows:
             print(json.dumps(row), flush=True)
@@ -117,7 +128,8 @@ def measure(name: str, tree: Path, workload: str, args, scratch: Path) -> list[d
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tree", action="append", required=True, help="name=path of a source tree (repeat)")
+    parser.add_argument("--tree", action="append", required=True,
+                        help="name=path[:ENV=VALUE,...] of a source tree and its server's env (repeat)")
     parser.add_argument("--workload", action="append", choices=sorted(WORKLOADS), required=True)
     parser.add_argument("--replicas", type=int, default=1, help="model deployment replicas (pinned)")
     parser.add_argument("--burst", type=int, default=32)
@@ -127,15 +139,15 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=9613)
     parser.add_argument("--json", type=Path, help="append the rows here too")
     args = parser.parse_args()
-    trees = [(t.split("=", 1)[0], Path(t.split("=", 1)[1]).resolve()) for t in args.tree]
+    trees = [parse_tree(t) for t in args.tree]
     if "translation-transformers" in args.workload:
         build_marian_sized()
     scratch = Path(os.environ.get("TMPDIR", "/tmp")) / "batch-join"
     scratch.mkdir(exist_ok=True)
     rows = []
     for workload in args.workload:
-        for name, tree in trees:  # interleaved: both trees per workload, back to back
-            rows += measure(name, tree, workload, args, scratch)
+        for name, tree, env in trees:  # interleaved: every tree per workload, back to back
+            rows += measure(name, tree, env, workload, args, scratch)
     if args.json:
         with args.json.open("a") as out:
             out.writelines(json.dumps(row) + "\n" for row in rows)

@@ -19,6 +19,7 @@ from deployments.batching import Chunk, split
 
 from .cache import ResponseCache
 from .clients import ModelClient
+from .coalescing import CallCoalescer
 from .custom_models import ModelModule, import_model_module
 from .errors import (
     InvalidRequest, ModelNotFound, NotFound, PayloadTooLarge, RequestTimeout, ServeAppError, UnsupportedLanguagePair,
@@ -110,6 +111,23 @@ class Service:
         self._reported_failures: set[tuple] = set()
         #: custom models (`models:`) by name: their deployment's client and module (schemas only)
         self.custom_models = _custom_models(settings, models or {})
+        # Concurrent requests' records share calls to the models once max_inflight_calls_per_model
+        # are in flight (serve_app/coalescing.py): fewer handle calls, each fuller.
+        inflight = self.limits.max_inflight_calls_per_model
+        self._translate_calls = CallCoalescer(
+            lambda pair, texts: self.translator.call("translate", Chunk(pair[0], pair[1], texts)),
+            lambda result, start, stop: (result[0][start:stop], result[1]),
+            max_records=self.limits.records_per_call, max_inflight_calls=inflight)
+        self._embed_calls = CallCoalescer(
+            lambda _, texts: self.embedder.call("embed", texts),
+            lambda result, start, stop: (result[0][start:stop], result[1][start:stop], result[2]),
+            max_records=self.limits.inputs_per_embedding_call, max_inflight_calls=inflight)
+        self._predict_calls = {
+            name: CallCoalescer(
+                lambda _, items, client=model.client: client.call("predict", items),
+                lambda result, start, stop: (result[0][start:stop], result[1]),
+                max_records=self.limits.inputs_per_predict_call, max_inflight_calls=inflight)
+            for name, model in self.custom_models.items()}
 
     @property
     def limits(self):
@@ -212,7 +230,7 @@ class Service:
 
             async def compute(todo: list[str]) -> tuple[list[str], int]:
                 calls = [
-                    (lambda piece=piece: self.translator.call("translate", Chunk(source, target, piece)))
+                    (lambda piece=piece: self._translate_calls.submit((source, target), piece))
                     for piece in split(todo, self.limits.records_per_call)
                 ]
                 results = await gather_limited(calls, self.limits.max_inflight_calls_per_request)
@@ -233,7 +251,7 @@ class Service:
 
         async def compute(todo: list[str]) -> tuple[list[tuple[np.ndarray, int]], int]:
             calls = [
-                (lambda piece=piece: self.embedder.call("embed", piece))
+                (lambda piece=piece: self._embed_calls.submit(None, piece))
                 for piece in split(todo, self.limits.inputs_per_embedding_call)
             ]
             results = await gather_limited(calls, self.limits.max_inflight_calls_per_request)
@@ -257,8 +275,9 @@ class Service:
         """Run the custom model `name` on `inputs` (validated against its module's `Input`);
         returns its outputs in the inputs' order and the largest model batch they rode in."""
         model, items = self.validate_predict(name, inputs)
+        coalescer = self._predict_calls[name]
         calls = [
-            (lambda piece=piece: model.client.call("predict", piece))
+            (lambda piece=piece: coalescer.submit(None, piece))
             for piece in split(items, self.limits.inputs_per_predict_call)
         ]
         results = await self._with_deadline(

@@ -167,3 +167,11 @@ def test_serve_app_settles_at_the_busiest_load_before_its_cells_and_peers_do_not
     settle = {c.name: c.settle_s for c in CONTENDERS}
     assert settle.pop("serve_app") >= 30  # its autoscaler's upscale delay + look-back + a model load
     assert set(settle.values()) == {0.0}
+
+
+def test_batch_join_tree_specs_carry_env():
+    from bench.batch_join import parse_tree
+
+    name, path, env = parse_tree("off=.:SERVE_APP_A=1,SERVE_APP_B=x=y")
+    assert name == "off" and path.is_absolute() and env == {"SERVE_APP_A": "1", "SERVE_APP_B": "x=y"}
+    assert parse_tree("before=/tmp/b")[2] == {}

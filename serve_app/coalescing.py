@@ -1,0 +1,128 @@
+"""Fewer, fuller calls across the ingress -> model hop: concurrent requests' records share a call.
+
+Every handle call costs Serve CPU on both sides (task submission, the replica's receive and
+reply): on 2 cores it was most of Serve's ~15 ms per one-record request
+(docs/benchmarks/overhead.md). A `CallCoalescer` keeps at most `max_inflight_calls` calls in
+flight to one model method from this process. Below that a call goes out at once, so a lone
+request waits for nothing; at it, the records of new calls wait and join one pending call per
+key (e.g. per language pair) of up to `max_records`, which goes out as soon as a call returns.
+This is group commit: the busier the model, the more records ride in each call.
+
+The callers' view is unchanged: `submit(key, records)` returns the result for exactly these
+records, as a direct call with them would. A caller that gives up (deadline, client gone)
+before its call went out is dropped from it; a call already sent is cancelled only when every
+caller in it has gone. An error reaches every caller of the call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import Any, Awaitable, Callable, Hashable, Optional, Sequence
+
+
+class _Waiter:
+    __slots__ = ("records", "future", "start", "stop")
+
+    def __init__(self, records: Sequence, future: asyncio.Future):
+        self.records, self.future = records, future
+        self.start = self.stop = 0
+
+
+class _Call:
+    """One pending (then in-flight) call: its key and the callers whose records it carries."""
+
+    __slots__ = ("key", "waiters", "records", "task")
+
+    def __init__(self, key: Hashable):
+        self.key = key
+        self.waiters: list[_Waiter] = []
+        self.records = 0
+        self.task: Optional[asyncio.Task] = None
+
+
+class CallCoalescer:
+    """Group commit for one model method (see the module docstring).
+
+    `send(key, records)` makes the real call; `slice_result(result, start, stop)` cuts a call's
+    result down to the records [start, stop) of it (one caller's share).
+    """
+
+    def __init__(self, send: Callable[[Hashable, list], Awaitable[Any]],
+                 slice_result: Callable[[Any, int, int], Any], *, max_records: int, max_inflight_calls: int):
+        if max_records < 1 or max_inflight_calls < 1:
+            raise ValueError(f"max_records and max_inflight_calls must be >= 1, got {max_records!r} "
+                             f"and {max_inflight_calls!r}")
+        self._send, self._slice = send, slice_result
+        self.max_records, self.max_inflight_calls = max_records, max_inflight_calls
+        self._filling: dict[Hashable, _Call] = {}  # per key, the pending call new records join
+        self._pending: deque[_Call] = deque()  # pending calls in the order they were opened
+        self.inflight = 0
+        #: calls sent and records they carried (tests and the overhead benchmark read them)
+        self.calls_sent = 0
+        self.records_sent = 0
+
+    async def submit(self, key: Hashable, records: Sequence) -> Any:
+        """The result of a call with `records` (at most `max_records` of them)."""
+        if not 0 < len(records) <= self.max_records:
+            raise ValueError(f"a call carries 1..{self.max_records} records, got {len(records)}")
+        waiter = _Waiter(records, asyncio.get_running_loop().create_future())
+        call = self._filling.get(key)
+        if call is None or call.records + len(records) > self.max_records:
+            call = self._filling[key] = _Call(key)
+            self._pending.append(call)
+        call.waiters.append(waiter)
+        call.records += len(records)
+        self._pump()
+        try:
+            return await asyncio.shield(waiter.future)
+        except asyncio.CancelledError:
+            self._leave(call, waiter)
+            raise
+
+    def _leave(self, call: _Call, waiter: _Waiter) -> None:
+        """A caller gave up: drop its records from a pending call; cancel a sent call nobody awaits."""
+        if call.task is None:
+            call.waiters.remove(waiter)
+            call.records -= len(waiter.records)
+        elif not waiter.future.done():
+            waiter.future.cancel()
+            if all(w.future.done() for w in call.waiters):
+                call.task.cancel()
+
+    def _pump(self) -> None:
+        while self.inflight < self.max_inflight_calls and self._pending:
+            call = self._pending.popleft()
+            if self._filling.get(call.key) is call:
+                del self._filling[call.key]  # later records open a new call
+            if not call.waiters:
+                continue  # every caller left before it went out
+            self.inflight += 1
+            call.task = asyncio.get_running_loop().create_task(self._run(call))
+
+    async def _run(self, call: _Call) -> None:
+        records: list = []
+        for waiter in call.waiters:
+            waiter.start = len(records)
+            records.extend(waiter.records)
+            waiter.stop = len(records)
+        self.calls_sent += 1
+        self.records_sent += len(records)
+        try:
+            result = await self._send(call.key, records)
+        except asyncio.CancelledError:
+            for waiter in call.waiters:
+                if not waiter.future.done():
+                    waiter.future.cancel()
+            raise
+        except Exception as exc:
+            for waiter in call.waiters:
+                if not waiter.future.done():
+                    waiter.future.set_exception(exc)
+        else:
+            for waiter in call.waiters:
+                if not waiter.future.done():
+                    waiter.future.set_result(self._slice(result, waiter.start, waiter.stop))
+        finally:
+            self.inflight -= 1
+            self._pump()
