@@ -17,6 +17,7 @@ caller in it has gone. An error reaches every caller of the call.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections import deque
 from typing import Any, Awaitable, Callable, Hashable, Optional, Sequence
 
@@ -99,6 +100,8 @@ class CallCoalescer:
                 continue  # every caller left before it went out
             self.inflight += 1
             call.task = asyncio.get_running_loop().create_task(self._run(call))
+            # A callback, not a `finally` in _run: a task cancelled before it started never runs it.
+            call.task.add_done_callback(functools.partial(self._call_done, call))
 
     async def _run(self, call: _Call) -> None:
         records: list = []
@@ -123,6 +126,10 @@ class CallCoalescer:
             for waiter in call.waiters:
                 if not waiter.future.done():
                     waiter.future.set_result(self._slice(result, waiter.start, waiter.stop))
-        finally:
-            self.inflight -= 1
-            self._pump()
+
+    def _call_done(self, call: _Call, task: asyncio.Task) -> None:
+        self.inflight -= 1
+        for waiter in call.waiters:  # only if the task was cancelled before it set them
+            if not waiter.future.done():
+                waiter.future.cancel()
+        self._pump()

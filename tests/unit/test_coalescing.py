@@ -123,6 +123,24 @@ def test_a_sent_call_is_cancelled_only_when_every_caller_in_it_has_gone(loop):
     assert calls.inflight == 0
 
 
+def test_a_call_whose_callers_all_left_before_it_started_frees_its_slot(loop):
+    async def scenario():
+        model = GatedModel()
+        calls = coalescer(model, max_inflight_calls=1)
+        gone = asyncio.ensure_future(calls.submit("k", ["a"]))
+        await asyncio.sleep(0)  # submitted: its call's task exists but has not run yet
+        [call_task] = [t for t in asyncio.all_tasks() if t.get_coro().__qualname__ == "CallCoalescer._run"]
+        call_task.cancel()  # cancelled before it started: its body never runs
+        with pytest.raises(asyncio.CancelledError):
+            await gone  # the caller is not left waiting
+        assert model.calls == []
+        model.release.set()
+        return await calls.submit("k", ["b"]), calls
+
+    result, calls = loop.run_until_complete(scenario())
+    assert result == (["k:b"], 1) and calls.inflight == 0
+
+
 def test_an_error_reaches_every_caller_of_the_call(loop):
     async def scenario():
         gate = asyncio.Event()
