@@ -227,6 +227,11 @@ GPU_PROFILE: dict[str, Any] = {
         "embeddings": {
             "device": Why("cpu", "MiniLM (22M parameters) is cheap on CPU; the GPUs stay with the translator."),
         },
+        "ingress": {
+            "max_inflight_calls_per_model": Why(
+                64, "Per Ingress: 2 x 64 calls in flight let the autoscaler see 8 Translators x 16 ongoing; "
+                "past that, requests share calls."),
+        },
     },
     "deployments": {
         "Ingress": {

@@ -11,6 +11,7 @@ validates with `ServeDeploySchema`, validates each application's `args:` with
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 from typing import Any, Iterable
@@ -73,6 +74,8 @@ def check_config(config: dict[str, Any]) -> list[str]:
         # Each custom model (`args.models`) is its own deployment, `Model.<name>`.
         custom = tuple(deployment_name(spec.name) for spec in settings.models) if settings is not None else ()
         names, model_names = DEPLOYMENT_NAMES + custom, MODEL_DEPLOYMENTS + custom
+        if settings is not None:
+            problems += _autoscaler_visibility(app, settings, model_names, where)
         for dep in app.get("deployments") or []:
             dname = dep.get("name", "?")
             dwhere = f"{where}.deployments[{dname}]"
@@ -106,6 +109,39 @@ def check_config(config: dict[str, Any]) -> list[str]:
                         f"{dwhere}: max_ongoing_requests={ongoing} is below max_batch_size="
                         f"{batch.max_batch_size}; a full batch of single-record calls could never form"
                     )
+    return problems
+
+
+def _autoscaler_visibility(app: dict, settings: Any, model_names: tuple, where: str) -> list[str]:
+    """Serve scales a model deployment on the calls in flight at its replicas; the ingress keeps
+    at most `max_inflight_calls_per_model` there (per Ingress replica) and lets the rest share
+    calls in its own queue, which the autoscaler cannot see. So it must allow at least
+    max_replicas x target_ongoing_requests, or max_replicas can never be reached."""
+    deps = {d.get("name"): d for d in app.get("deployments") or [] if isinstance(d, dict)}
+    ingress = deps.get("Ingress", {})
+    ingress_auto = ingress.get("autoscaling_config")
+    ingresses = (ingress_auto.get("min_replicas", 1) if isinstance(ingress_auto, dict)
+                 else ingress.get("num_replicas", 1))
+    if not isinstance(ingresses, int) or ingresses < 1:
+        return []
+    allowed = settings.ingress.max_inflight_calls_per_model * ingresses
+    problems = []
+    for name in model_names:
+        auto = deps.get(name, {}).get("autoscaling_config")
+        if not isinstance(auto, dict):
+            continue
+        max_replicas, target = auto.get("max_replicas", 1), auto.get("target_ongoing_requests", 2)
+        if not isinstance(max_replicas, int) or not isinstance(target, (int, float)):
+            continue
+        needed = max_replicas * target
+        if allowed < needed:
+            problems.append(
+                f"{where}.args.ingress.max_inflight_calls_per_model="
+                f"{settings.ingress.max_inflight_calls_per_model} x {ingresses} Ingress replica(s) = {allowed} "
+                f"calls in flight, below {name}'s max_replicas={max_replicas} x target_ongoing_requests="
+                f"{target:g} = {needed:g}: the autoscaler counts calls at the replicas, so {name} could never "
+                f"reach {max_replicas} replicas; raise max_inflight_calls_per_model to at least "
+                f"{math.ceil(needed / ingresses)}")
     return problems
 
 

@@ -81,13 +81,14 @@ class IngressSettings(_Section):
         "single large request can hold, so it neither blocks small requests nor starves itself.",
     )
     max_inflight_calls_per_model: int = Field(
-        8, ge=1,
+        32, ge=1,
         description="Calls this ingress keeps in flight to one model (translate, embed, each custom model). "
         "Below it a call goes out at once; at it, the records of new calls wait and share one call per "
         "language pair (up to records_per_call / inputs_per_*_call records), sent when a call returns. "
-        "Fewer, fuller calls save Serve's per-call CPU (most of its cost per one-record request). Keep it "
-        ">= 2 x the model's replicas so each replica has a call computing and one queued; a very large "
-        "value turns sharing off.",
+        "Fewer, fuller calls save Serve's per-call CPU (most of its cost per one-record request). Serve's "
+        "autoscaler only sees the calls in flight, so keep it (x Ingress replicas) >= each model's "
+        "max_replicas x target_ongoing_requests (config_check enforces it); lower shares sooner, a very "
+        "large value turns sharing off.",
     )
     max_inflight_requests: int = Field(
         64, ge=1,
