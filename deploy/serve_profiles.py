@@ -156,8 +156,10 @@ CPU_PROFILE: dict[str, Any] = {
         "Translator": {
             "autoscaling_config": {
                 "min_replicas": 1,
-                "max_replicas": Why(3, "3 x 0.4 CPU + 2 Embedders x 0.3 + Ingress 0.1 + 2 Model.iris x 0.05 "
-                                      "= 2.0 of 2 logical CPUs."),
+                "max_replicas": Why(2, "A replica computes on one model thread, so 2 use both cores; a "
+                                      "third only oversubscribes them (Marian-sized model, 64 clients: "
+                                      "2 replicas 14 rec/s, 3 replicas 10-12). 2 x 0.6 CPU + 2 Embedders x "
+                                      "0.3 + Ingress 0.1 + 2 Model.iris x 0.05 = 2.0 of 2 logical CPUs."),
                 "target_ongoing_requests": Why(
                     8, "Calls per replica: one full batch computing (32 records = 4 calls of 8) and one "
                     "forming; more queued than that adds latency, so add a replica."),
@@ -182,8 +184,8 @@ CPU_PROFILE: dict[str, Any] = {
                        "behind at most one; with 32 it waited ~0.5 s (docs/benchmarks/jobs.md)."),
             },
             "ray_actor_options": {
-                "num_cpus": Why(0.4, "Fractional so 3 replicas fit beside the Embedder and Ingress on 2 "
-                                     "CPUs; each replica runs ceil(0.4) = 1 model thread."),
+                "num_cpus": Why(0.6, "Fractional so 2 replicas fit beside the Embedders and Ingress on 2 "
+                                     "CPUs; each replica runs ceil(0.6) = 1 model thread."),
             },
         },
         "Embedder": {

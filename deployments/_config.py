@@ -27,6 +27,14 @@ class BatchConfig(BaseModel):
         description="How long the first record of a batch waits for others before the model runs "
         "anyway. Adds at most this much latency at low load; 0 disables waiting.",
     )
+    batch_fill_wait_fraction: float = Field(
+        0.05, ge=0.0, le=1.0,
+        description="When the model finishes a batch and fewer than max_batch_size records wait, it waits "
+        "up to this fraction of that batch's model time for more before starting a smaller batch: the "
+        "clients just answered send their next requests within a round trip, and a full batch costs "
+        "far less per record than a small one on a slow model. Bounds the throughput spent waiting to "
+        "this fraction; a model idle longer than that starts at once. 0 turns it off.",
+    )
     background_max_batch_size: Optional[int] = Field(
         None, ge=1, le=4096,
         description="Most records in one batch of job work (POST /jobs; the low-priority queue). An "

@@ -80,11 +80,16 @@ class ModelQueue:
     `on_batch(outcome)` is called on the model thread after each computation.
     """
 
-    def __init__(self, name: str = "model", on_batch: Optional[Callable[[BatchOutcome], None]] = None):
+    def __init__(self, name: str = "model", on_batch: Optional[Callable[[BatchOutcome], None]] = None,
+                 fill_wait_fraction: float = 0.0):
         self._waiting: dict[int, deque[_Entry]] = {}
         self._ready = threading.Condition()
         self._closed = False
         self._on_batch = on_batch
+        #: after a batch of T seconds, wait up to fraction x T for a fuller next batch (see `_fill_deadline`)
+        self.fill_wait_fraction = fill_wait_fraction
+        self._last_batch_s = 0.0
+        self._last_batch_end = 0.0
         self._thread = threading.Thread(target=self._work, name=name, daemon=True)
         self._thread.start()
 
@@ -110,6 +115,29 @@ class ModelQueue:
         with self._ready:
             self._closed = True
             self._ready.notify_all()
+
+    def _fill_deadline(self) -> Optional[float]:
+        """Under the lock: when to stop waiting for a fuller batch, or None to start now. It waits only
+        right after a batch (up to fill_wait_fraction of its model time, counted from its end) and
+        only while the records that would join the next batch are under its cap."""
+        if not self.fill_wait_fraction or not self._last_batch_s:
+            return None
+        deadline = self._last_batch_end + self.fill_wait_fraction * self._last_batch_s
+        if time.perf_counter() >= deadline:
+            return None
+        for priority in sorted(self._waiting):
+            live = [e for e in self._waiting[priority] if not e.future.cancelled()]
+            if not live:
+                continue
+            head, records = live[0], 0
+            for entry in live:
+                if entry.compute != head.compute:
+                    break
+                records += entry.records
+                if records >= head.cap:
+                    return None
+            return deadline
+        return None
 
     def _take(self) -> tuple[int, list[_Entry]]:
         """Under the lock: the next batch (highest priority first, joined up to the first call's cap)."""
@@ -137,6 +165,10 @@ class ModelQueue:
         while True:
             with self._ready:
                 while True:
+                    deadline = None if self._closed else self._fill_deadline()
+                    if deadline is not None:
+                        self._ready.wait(max(0.0, deadline - time.perf_counter()))
+                        continue
                     priority, batch = self._take()
                     if batch or self._closed:
                         break
@@ -157,7 +189,10 @@ class ModelQueue:
                 raise RuntimeError(f"batch computation returned {len(outputs)} outputs for {len(batch)} calls")
         except BaseException as exc:  # handed to every caller of the batch
             error, outputs = exc, [exc] * len(batch)
-        seconds, cpu_seconds = time.perf_counter() - start, time.thread_time() - cpu_start
+        end = time.perf_counter()
+        seconds, cpu_seconds = end - start, time.thread_time() - cpu_start
+        with self._ready:
+            self._last_batch_s, self._last_batch_end = seconds, end
         failed = all(isinstance(out, BaseException) for out in outputs)
         if failed and error is None:
             error = outputs[0]
@@ -365,6 +400,7 @@ class ModelReplica:
         return dict(self._stats)
 
     def _apply_batch_config(self) -> None:
+        self._model_thread.fill_wait_fraction = self.batch_config.batch_fill_wait_fraction
         for method in self._batched_methods():
             method.set_max_batch_size(self._size_for(method, self.batch_config.max_batch_size))
             method.set_batch_wait_timeout_s(self.batch_config.batch_wait_timeout_s)

@@ -33,9 +33,9 @@ def _deployment(config, name):
     (lambda c: c["http_options"].__setitem__("prot", 1), "prot"),
     (lambda c: _deployment(c, "Ingress").__setitem__("max_ongoing_requests", 64), "must exceed"),
     (lambda c: _deployment(c, "Ingress")["backpressure_config"].__setitem__("retry_after", 1), "retry_after"),
-    # 8 shared calls in flight cannot show the autoscaler 3 Translators x 8 ongoing calls
+    # 8 shared calls in flight cannot show the autoscaler 2 Translators x 8 ongoing calls
     (lambda c: c["applications"][0]["args"]["ingress"].__setitem__("max_inflight_calls_per_model", 8),
-     "could never reach 3 replicas; raise max_inflight_calls_per_model to at least 24"),
+     "so Translator could never reach 2 replicas; raise max_inflight_calls_per_model to at least 16"),
     (lambda c: _deployment(c, "Embedder")["autoscaling_config"].__setitem__("max_replicas", 9),
      "Embedder's max_replicas=9 x target_ongoing_requests=4 = 36"),
 ])
@@ -56,5 +56,5 @@ def test_cli_overrides_port_and_writes(tmp_path, capsys):
 def test_more_ingress_replicas_allow_more_calls_in_flight(config):
     ok = copy.deepcopy(config)
     ok["applications"][0]["args"]["ingress"]["max_inflight_calls_per_model"] = 12
-    _deployment(ok, "Ingress")["num_replicas"] = 2  # 2 x 12 = 24 >= 3 Translators x 8
+    _deployment(ok, "Ingress")["num_replicas"] = 2  # 2 x 12 = 24 >= 2 Translators x 8
     assert check_config(ok) == []

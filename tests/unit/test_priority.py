@@ -2,10 +2,12 @@
 
 import asyncio
 import threading
+import time
+from collections import deque
 
 import pytest
 
-from deployments._replica import ModelQueue, Priority
+from deployments._replica import ModelQueue, Priority, _Entry
 from deployments.batching import Chunk
 from deployments.translator import Translator
 from serve_app.settings import TranslationSettings
@@ -232,3 +234,44 @@ def test_calls_arriving_one_by_one_while_a_batch_computes_ride_in_the_next_batch
     first, later = loop.run_until_complete(scenario())
     assert backend.calls == [["first"], ["r0", "r1", "r2", "r3"]]
     assert first == (["FIRST"], 1) and later == [([f"R{i}"], 4) for i in range(4)]
+
+
+def test_after_a_batch_the_model_waits_briefly_for_a_fuller_next_one():
+    """Closed-loop clients answered by a batch send their next requests a round trip later; a slow
+    model that started at once with what waited would run a small batch at nearly a full one's cost."""
+    queue = ModelQueue("test", fill_wait_fraction=1.0)
+    batches, started = [], threading.Event()
+
+    def compute(items):
+        batches.append(list(items))
+        if items == ["slow"]:
+            started.set()
+            time.sleep(0.3)  # the model's own time: the fill window is 1.0 x this
+        return items
+
+    slow = queue.submit(compute, "slow", 1, cap=4)
+    assert started.wait(10)
+    early = queue.submit(compute, "early", 1, cap=4)  # waited while the slow batch computed
+    slow.result(10)
+    late = [queue.submit(compute, f"late{i}", 1, cap=4) for i in range(3)]  # a round trip later
+    for future in [early, *late]:
+        future.result(10)
+    assert batches == [["slow"], ["early", "late0", "late1", "late2"]]
+    queue.shutdown()
+
+
+def test_the_fill_wait_ends_at_a_full_batch_and_never_delays_a_model_that_was_idle():
+    queue = ModelQueue("test", fill_wait_fraction=1.0)
+    with queue._ready:
+        queue._last_batch_s, queue._last_batch_end = 10.0, time.perf_counter()  # a 10 s batch just ended
+        queue._waiting[Priority.INTERACTIVE] = deque()
+        for _ in range(3):
+            queue._waiting[Priority.INTERACTIVE].append(_Entry("x", 1, _run, cap=4))
+        assert queue._fill_deadline() is not None  # 3 of 4 records: worth waiting
+        queue._waiting[Priority.INTERACTIVE].append(_Entry("x", 1, _run, cap=4))
+        assert queue._fill_deadline() is None  # full: start now
+        queue._waiting[Priority.INTERACTIVE].pop()
+        queue._last_batch_end -= 11.0  # idle for longer than the window
+        assert queue._fill_deadline() is None
+        queue._waiting.clear()
+    queue.shutdown()
