@@ -31,6 +31,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _sigint_as_in_a_terminal() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class ServeRun:
     """One `serve run`, its own Ray cluster and its own port."""
 
@@ -74,6 +78,10 @@ class ServeRun:
             self.proc = subprocess.Popen(
                 [*self.command, str(self.config_path)],
                 cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                # As in a terminal: a suite started in the background (`cmd &`, nohup) inherits SIGINT
+                # ignored, and Python then never installs its KeyboardInterrupt handler, so the
+                # Ctrl-C tests' `serve run` ignored the signal (seen: 60 s with no reaction).
+                preexec_fn=_sigint_as_in_a_terminal,
             )
         start = time.monotonic()
         if wait_ready:
