@@ -39,13 +39,11 @@ Compute = Callable[[list], list]
 class _Entry:
     """One call waiting for the model: its item, records, the computation it joins, and its future."""
 
-    __slots__ = ("item", "records", "compute", "cap", "future", "enqueued_at", "started_at")
+    __slots__ = ("item", "records", "compute", "cap", "future")
 
     def __init__(self, item: Any, records: int, compute: Compute, cap: int):
         self.item, self.records, self.compute, self.cap = item, records, compute, cap
         self.future: Future = Future()
-        self.enqueued_at = time.perf_counter()
-        self.started_at: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -116,50 +114,55 @@ class ModelQueue:
             self._closed = True
             self._ready.notify_all()
 
+    def _next_batch(self) -> tuple[int, list[_Entry], int, bool]:
+        """Under the lock, without taking anything: the calls the next batch would join (the oldest
+        live call of the highest priority, then, in arrival order, every later call of its computation
+        while their records fit its cap), how many queue entries that spans (cancelled ones
+        included), and whether the batch is full (at its cap, or the next such call does not fit)."""
+        for priority in sorted(self._waiting):
+            batch: list[_Entry] = []
+            records = spanned = 0
+            full = False
+            for entry in self._waiting[priority]:
+                if entry.future.cancelled():
+                    spanned += 1
+                    continue
+                if batch and entry.compute != batch[0].compute:
+                    break
+                if batch and records + entry.records > batch[0].cap:
+                    full = True
+                    break
+                batch.append(entry)
+                records += entry.records
+                spanned += 1
+            if batch:
+                return priority, batch, spanned, full or records >= batch[0].cap
+            self._waiting[priority].clear()  # only cancelled calls were left
+        return 0, [], 0, False
+
     def _fill_deadline(self) -> Optional[float]:
         """Under the lock: when to stop waiting for a fuller batch, or None to start now. It waits only
         right after a batch (up to fill_wait_fraction of its model time, counted from its end) and
-        only while the records that would join the next batch are under its cap."""
+        only while the next batch is not full."""
         if not self.fill_wait_fraction or not self._last_batch_s:
             return None
         deadline = self._last_batch_end + self.fill_wait_fraction * self._last_batch_s
         if time.perf_counter() >= deadline:
             return None
-        for priority in sorted(self._waiting):
-            live = [e for e in self._waiting[priority] if not e.future.cancelled()]
-            if not live:
-                continue
-            head, records = live[0], 0
-            for entry in live:
-                if entry.compute != head.compute:
-                    break
-                records += entry.records
-                if records >= head.cap:
-                    return None
-            return deadline
-        return None
+        _, batch, _, full = self._next_batch()
+        return deadline if batch and not full else None
 
     def _take(self) -> tuple[int, list[_Entry]]:
-        """Under the lock: the next batch (highest priority first, joined up to the first call's cap)."""
-        for priority in sorted(self._waiting):
-            queue = self._waiting[priority]
-            batch: list[_Entry] = []
-            records = 0
-            while queue:
-                entry = queue[0]
-                if entry.future.cancelled():
-                    queue.popleft()
-                    continue
-                if batch and (entry.compute != batch[0].compute or records + entry.records > batch[0].cap):
-                    break
-                queue.popleft()
-                if not entry.future.set_running_or_notify_cancel():
-                    continue
-                batch.append(entry)
-                records += entry.records
-            if batch:
-                return priority, batch
-        return 0, []
+        """Under the lock: take the next batch (see `_next_batch`) off the queue and mark it running."""
+        while True:
+            priority, batch, spanned, _ = self._next_batch()
+            for _ in range(spanned):
+                self._waiting[priority].popleft()
+            # A call cancelled since `_next_batch` looked is dropped here, never computed; if that
+            # emptied the batch, look again rather than sleep with calls still waiting.
+            running = [e for e in batch if e.future.set_running_or_notify_cancel()]
+            if running or not batch:
+                return priority, running
 
     def _work(self) -> None:
         while True:
@@ -180,8 +183,6 @@ class ModelQueue:
     def _run(self, priority: int, batch: list[_Entry]) -> None:
         records = sum(e.records for e in batch)
         start, cpu_start = time.perf_counter(), time.thread_time()
-        for entry in batch:
-            entry.started_at = start
         error: Optional[BaseException] = None
         try:
             outputs = list(batch[0].compute([e.item for e in batch]))
