@@ -24,45 +24,26 @@ import argparse
 import asyncio
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import aiohttp
-import yaml
 
 from bench.compare import load
+from bench.compare.contenders import MAIN_PYTHON, write_serve_app_config
 from bench.compare.procs import Server
 from bench.load import POOL
-from bench.peers.models import WORKLOADS, build_marian_sized, project_args
-from tests.support import deep_update
+from bench.peers.models import WORKLOADS, build_marian_sized
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def write_config(tree: Path, workload: str, port: int, replicas: int, out: Path) -> Path:
-    """The tree's serve_config.yaml, checked by the tree's own config_check, with the bench's model
-    args and the workload's model deployment pinned to `replicas`."""
-    python = str(ROOT / ".venv" / "bin" / "python")
-    check = [python, "-m", "serve_app.config_check"]
-    env = dict(os.environ, PYTHONPATH=str(tree))
-    subprocess.run([*check, str(tree / "serve_config.yaml"), "--port", str(port), "--write", str(out)],
-                   check=True, cwd=tree, env=env, capture_output=True)
-    config = yaml.safe_load(out.read_text())
-    deployment = WORKLOADS[workload].deployment
-    for app in config["applications"]:
-        if not app["import_path"].startswith("serve_app."):
-            continue
-        deep_update(app.setdefault("args", {}), project_args(workload))
-        for dep in app.get("deployments", []):
-            if dep["name"] == deployment:
-                dep.pop("num_replicas", None)
-                dep["autoscaling_config"] = {**dep.get("autoscaling_config", {}),
-                                             "min_replicas": replicas, "max_replicas": replicas}
-    out.write_text(yaml.safe_dump(config, sort_keys=False))
-    subprocess.run([*check, str(out)], check=True, cwd=tree, env=env, capture_output=True)
-    return out
+    """The bench's serve-app config from `tree`, with the workload's model deployment pinned to
+    `replicas` (autoscaling min = max)."""
+    pinned = {"autoscaling_config": {"min_replicas": replicas, "max_replicas": replicas}}
+    return write_serve_app_config(workload, port, out, tree, {WORKLOADS[workload].deployment: pinned})
 
 
 async def burst(url: str, route: str, n: int) -> dict:
@@ -98,7 +79,7 @@ def measure(name: str, tree: Path, extra_env: dict, workload: str, args, scratch
     config = write_config(tree, workload, port, args.replicas, scratch / f"{name}-{workload}.yaml")
     env = dict(os.environ, PYTHONPATH=str(tree), RAY_USAGE_STATS_ENABLED="0", SERVE_APP_DRAIN_TIMEOUT_S="2",
                SERVE_APP_CACHE_ENABLED="false", **extra_env)
-    server = Server([str(ROOT / ".venv" / "bin" / "python"), "-m", "serve_app.run", str(config)], env,
+    server = Server([str(MAIN_PYTHON), "-m", "serve_app.run", str(config)], env,
                     scratch / f"{name}-{workload}.log", tree)
     url, route = f"http://127.0.0.1:{port}", WORKLOADS[workload].route
     rows = []

@@ -61,20 +61,29 @@ def _import_missing(module: str) -> Callable[[], str | None]:
     return check
 
 
-def _serve_app_argv(workload: str, port: int, scratch: Path) -> list[str]:
-    """serve_config.yaml with the bench port and the workload's model args, checked like `make run` does."""
-    config = scratch / "serve_config.yaml"
+def write_serve_app_config(workload: str, port: int, out: Path, tree: Path = ROOT,
+                           deployments: dict | None = None) -> Path:
+    """`tree`'s serve_config.yaml with the bench port, the workload's model args and `deployments`
+    (name -> options merged in), checked by `tree`'s own config_check as `make run` does."""
     check = [str(MAIN_PYTHON), "-m", "serve_app.config_check"]
-    subprocess.run([*check, str(SERVE_CONFIG), "--port", str(port), "--write", str(config)],
-                   check=True, cwd=ROOT, capture_output=True)
-    rendered = yaml.safe_load(config.read_text())
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    subprocess.run([*check, str(tree / "serve_config.yaml"), "--port", str(port), "--write", str(out)],
+                   check=True, cwd=tree, env=env, capture_output=True)
+    rendered = yaml.safe_load(out.read_text())
     for app in rendered["applications"]:
         if app["import_path"].startswith("serve_app."):
             deep_update(app.setdefault("args", {}), project_args(workload))
-    config.write_text(yaml.safe_dump(rendered, sort_keys=False))
-    done = subprocess.run([*check, str(config)], cwd=ROOT, capture_output=True, text=True)
+            for dep in app.get("deployments", []):
+                deep_update(dep, (deployments or {}).get(dep["name"], {}))
+    out.write_text(yaml.safe_dump(rendered, sort_keys=False))
+    done = subprocess.run([*check, str(out)], cwd=tree, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise ValueError(f"serve-app config for {workload} is invalid: {done.stdout}{done.stderr}")
+    return out
+
+
+def _serve_app_argv(workload: str, port: int, scratch: Path) -> list[str]:
+    config = write_serve_app_config(workload, port, scratch / "serve_config.yaml")
     return [str(MAIN_PYTHON), "-m", "serve_app.run", str(config)]
 
 
