@@ -2,6 +2,11 @@
 zero 5xx and zero responses that break the schema (status codes, content types, bodies,
 headers), for generated valid (positive) and invalid (negative) requests.
 
+One 5xx is the right answer: a case that sets its own deadline (`X-Request-Timeout-Ms`, e.g. 1 ms)
+shorter than the model takes gets the documented `504` with `error_type: timeout`. Whether it
+does depends on what earlier tests left in the response cache, so such a case is checked for
+exactly that answer instead of "no 5xx"; any other 5xx still fails.
+
 Bounded for CI: MAX_EXAMPLES cases per operation and mode (5 operations x 2 modes). Drives
 Hypothesis directly with each operation's strategy: Schemathesis 4.32's own pytest plugin
 does not load under pytest 9.
@@ -28,6 +33,7 @@ from schemathesis.checks import (  # noqa: E402
 MAX_EXAMPLES = 25
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance,
           response_headers_conformance]
+TIMEOUT_HEADER = "X-Request-Timeout-Ms"
 REPORT = Path(__file__).resolve().parents[2] / "reports" / "schemathesis.json"
 
 
@@ -60,8 +66,14 @@ def test_api_conforms_to_its_openapi_schema(api_schema, serve_url, mode):
                   phases=[Phase.explicit, Phase.generate],
                   suppress_health_check=list(HealthCheck))
         def check(case):
-            response = case.call_and_validate(base_url=serve_url, checks=CHECKS, timeout=60)
+            own_deadline = any(name.lower() == TIMEOUT_HEADER.lower() for name in (case.headers or {}))
+            checks = [c for c in CHECKS if not (own_deadline and c is not_a_server_error)]
+            response = case.call_and_validate(base_url=serve_url, checks=checks, timeout=60)
             calls[operation.label] += 1
+            if own_deadline and response.status_code == 504:
+                assert response.json()["error_type"] == "timeout", (operation.label, response.text[:300])
+                statuses["504 (the case's own deadline)"] += 1
+                return
             statuses[response.status_code] += 1
             assert response.status_code < 500, (operation.label, response.status_code, response.text[:300])
 
@@ -73,9 +85,9 @@ def test_api_conforms_to_its_openapi_schema(api_schema, serve_url, mode):
     took = time.monotonic() - started
     report = json.loads(REPORT.read_text()) if REPORT.exists() else {}
     report[mode.value] = {"calls": sum(calls.values()), "by_operation": dict(calls),
-                          "by_status": {str(k): v for k, v in sorted(statuses.items())},
+                          "by_status": {str(k): v for k, v in sorted(statuses.items(), key=str)},
                           "failures": 0, "seconds": round(took, 1)}
     REPORT.parent.mkdir(parents=True, exist_ok=True)
     REPORT.write_text(json.dumps(report, indent=2))
     assert sum(calls.values()) > 0
-    assert not any(code >= 500 for code in statuses)
+    assert not any(isinstance(code, int) and code >= 500 for code in statuses)
