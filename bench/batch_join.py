@@ -11,7 +11,9 @@ so autoscaling does not blur the comparison:
     flock /tmp/serve-app-cpu.lock .venv/bin/python -m bench.batch_join \\
         --tree before=/tmp/before --tree after=. --workload translation-transformers --json /tmp/join.jsonl
 
-A tree may carry environment variables for its server: `--tree 'no-sharing=.:SERVE_APP_X=1,SERVE_APP_Y=2'`.
+A tree may carry environment variables for its server: `--tree 'no-sharing=.:SERVE_APP_X=1,SERVE_APP_Y=2'`,
+and deployment options merged into its config: `--option 'big=Translator.user_config.max_batch_size=64'`
+(`TREE=DEPLOYMENT.key.path=YAML value`, repeatable; applied after the replica pinning).
 
 Per tree and workload it prints, as JSON lines: a burst (N one-record requests sent at once:
 when each finished and the model batch it rode in, from the `X-Batch-Records` header), then
@@ -29,9 +31,10 @@ import time
 from pathlib import Path
 
 import aiohttp
+import yaml
 
 from bench.compare import load
-from bench.compare.contenders import MAIN_PYTHON, write_serve_app_config
+from bench.compare.contenders import MAIN_PYTHON, deep_update, write_serve_app_config
 from bench.compare.procs import Server
 from bench.load import POOL
 from bench.peers.models import WORKLOADS, build_marian_sized
@@ -39,11 +42,28 @@ from bench.peers.models import WORKLOADS, build_marian_sized
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def write_config(tree: Path, workload: str, port: int, replicas: int, out: Path) -> Path:
+def write_config(tree: Path, workload: str, port: int, replicas: int, out: Path,
+                 options: dict | None = None) -> Path:
     """The bench's serve-app config from `tree`, with the workload's model deployment pinned to
-    `replicas` (autoscaling min = max)."""
-    pinned = {"autoscaling_config": {"min_replicas": replicas, "max_replicas": replicas}}
-    return write_serve_app_config(workload, port, out, tree, {WORKLOADS[workload].deployment: pinned})
+    `replicas` (autoscaling min = max) and `options` (deployment name -> options) merged in."""
+    deployments: dict = {WORKLOADS[workload].deployment: {
+        "autoscaling_config": {"min_replicas": replicas, "max_replicas": replicas}}}
+    for name, opts in (options or {}).items():
+        deep_update(deployments.setdefault(name, {}), opts)
+    return write_serve_app_config(workload, port, out, tree, deployments)
+
+
+def parse_option(spec: str) -> tuple[str, dict]:
+    """`TREE=Deployment.key.path=value` -> (tree, {Deployment: {key: {path: value}}}); the value is YAML."""
+    tree, rest = spec.split("=", 1)
+    path, value = rest.split("=", 1)
+    node: dict = {}
+    keys = path.split(".")
+    cursor = node
+    for key in keys[:-1]:
+        cursor = cursor.setdefault(key, {})
+    cursor[keys[-1]] = yaml.safe_load(value)
+    return tree, node
 
 
 async def burst(url: str, route: str, n: int) -> dict:
@@ -76,7 +96,8 @@ def parse_tree(spec: str) -> tuple[str, Path, dict]:
 
 def measure(name: str, tree: Path, extra_env: dict, workload: str, args, scratch: Path) -> list[dict]:
     port = args.port
-    config = write_config(tree, workload, port, args.replicas, scratch / f"{name}-{workload}.yaml")
+    config = write_config(tree, workload, port, args.replicas, scratch / f"{name}-{workload}.yaml",
+                          args.tree_options.get(name))
     env = dict(os.environ, PYTHONPATH=str(tree), RAY_USAGE_STATS_ENABLED="0", SERVE_APP_DRAIN_TIMEOUT_S="2",
                SERVE_APP_CACHE_ENABLED="false", **extra_env)
     server = Server([str(MAIN_PYTHON), "-m", "serve_app.run", str(config)], env,
@@ -90,14 +111,15 @@ def measure(name: str, tree: Path, extra_env: dict, workload: str, args, scratch
         warm = load.Target(url, route, kind, 1, tuple(POOL))
         load.run_closed(warm, texts_file, 8, 3)
         load.drain(warm)
-        rows.append({"tree": name, "env": extra_env, "workload": workload, "kind": "burst",
+        options = args.tree_options.get(name, {})
+        rows.append({"tree": name, "env": extra_env, "options": options, "workload": workload, "kind": "burst",
                      **asyncio.run(burst(url, route, args.burst))})
         for records in args.records:
             target = load.Target(url, route, kind, records, tuple(POOL))
             for clients in args.clients:
                 load.drain(target)
                 cell = load.run_closed(target, texts_file, clients, args.cell_s)
-                rows.append({"tree": name, "env": extra_env, "workload": workload, "kind": "closed",
+                rows.append({"tree": name, "env": extra_env, "options": options, "workload": workload, "kind": "closed",
                              "records": records,
                              "clients": clients, **cell})
         for row in rows:
@@ -111,6 +133,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tree", action="append", required=True,
                         help="name=path[:ENV=VALUE,...] of a source tree and its server's env (repeat)")
+    parser.add_argument("--option", action="append", default=[],
+                        help="TREE=Deployment.key.path=value: a deployment option for that tree's config (repeat)")
     parser.add_argument("--workload", action="append", choices=sorted(WORKLOADS), required=True)
     parser.add_argument("--replicas", type=int, default=1, help="model deployment replicas (pinned)")
     parser.add_argument("--burst", type=int, default=32)
@@ -121,6 +145,10 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="append the rows here too")
     args = parser.parse_args()
     trees = [parse_tree(t) for t in args.tree]
+    args.tree_options = {}
+    for spec in args.option:
+        tree, node = parse_option(spec)
+        deep_update(args.tree_options.setdefault(tree, {}), node)
     if "translation-transformers" in args.workload:
         build_marian_sized()
     scratch = Path(os.environ.get("TMPDIR", "/tmp")) / "batch-join"

@@ -99,6 +99,11 @@ CONTENDERS: tuple[Contender, ...] = (
     # ~20-40 s of sustained load, each loading its model: 45 s of warm-up lets that settle.
     Contender("serve_app", "serve-app (this project)", _serve_app_argv, info_path="/v1/models",
               env=lambda workload: {"SERVE_APP_DRAIN_TIMEOUT_S": "2"}, settle_s=45.0),
+    # The same start with Serve's HAProxy ingress, the opt-in mode (docs/benchmarks/overhead.md): HAProxy
+    # forwards HTTP straight to the Ingress replica's own server instead of the Python proxy's actor call.
+    Contender("serve_app_haproxy", "serve-app, HAProxy (opt-in)", _serve_app_argv, info_path="/v1/models",
+              env=lambda workload: {"SERVE_APP_DRAIN_TIMEOUT_S": "2", "RAY_SERVE_ENABLE_HA_PROXY": "1"},
+              settle_s=45.0),
 )
 
 #: The in-process ceiling, reported beside the servers.

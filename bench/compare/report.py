@@ -40,8 +40,13 @@ def summary_rows(results: dict) -> list[dict]:
     return rows
 
 
+#: serve-app's contenders (its modes), judged against the peers, never against each other
+PROJECT = ("serve_app", "serve_app_haproxy")
+
+
 def targets(results: dict, project: str = "serve_app", naive: str = "naive") -> list[dict]:
-    """The issue's targets, each with its figures and met / not met / not measured."""
+    """The issue's targets for `project` (one of serve-app's modes), each with its figures and
+    met / not met / not measured."""
     out = []
     cells, offline = results["cells"], results["offline"]
     wl = "translation-transformers"
@@ -60,7 +65,7 @@ def targets(results: dict, project: str = "serve_app", naive: str = "naive") -> 
     for records in results["records"]:
         mine = stats.cell_at(cells, project, wl, records, TARGET_CONCURRENCY)
         peers = [stats.cell_at(cells, c, wl, records, TARGET_CONCURRENCY) for c in results["contenders"]
-                 if c != project]
+                 if c not in PROJECT]
         best_peer = max((p["records_per_s"] for p in peers if p), default=None)
         lead = stats.ratio(mine and mine["records_per_s"], best_peer)
         out.append({"target": f"{wl}, {records} rec/req: ahead of every peer at {TARGET_CONCURRENCY} clients "
@@ -81,10 +86,14 @@ def markdown(results: dict) -> str:
     lines = [f"# Benchmark results ({results['profile']} profile)", "",
              f"Run {results['started_at']} on {results['machine']}.", "",
              f"Source: {results.get('revision', 'unknown')}. Method and caveats: [README.md](README.md).", "",
-             "## Targets", "", "| target | figure | verdict |", "|---|---|---|"]
-    for t in targets(results):
-        verdict = {True: "met", False: "**not met**", None: "not measured"}[t["met"]]
-        lines.append(f"| {t['target']} | {_fmt(t['figure'], 2)} | {verdict} |")
+             "## Targets", ""]
+    for project in [p for p in PROJECT if p in results["contenders"]] or ["serve_app"]:
+        lines += [f"{labels.get(project, project)}:", "", "| target | figure | verdict |", "|---|---|---|"]
+        for t in targets(results, project):
+            verdict = {True: "met", False: "**not met**", None: "not measured"}[t["met"]]
+            lines.append(f"| {t['target']} | {_fmt(t['figure'], 2)} | {verdict} |")
+        lines.append("")
+    lines.pop()
     lines += ["", "## Offline limit (the model alone, best batch)", "",
               "| workload | best batch | records/s | one full batch (s) |", "|---|---|---|---|"]
     for workload, off in results["offline"].items():

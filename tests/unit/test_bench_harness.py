@@ -165,8 +165,29 @@ def test_serve_app_settles_at_the_busiest_load_before_its_cells_and_peers_do_not
     from bench.compare.contenders import CONTENDERS
 
     settle = {c.name: c.settle_s for c in CONTENDERS}
-    assert settle.pop("serve_app") >= 30  # its autoscaler's upscale delay + look-back + a model load
+    for mode in report.PROJECT:  # its autoscaler's upscale delay + look-back + a model load
+        assert settle.pop(mode) >= 30
     assert set(settle.values()) == {0.0}
+
+
+def test_serve_app_haproxy_is_the_same_start_with_serve_s_haproxy_and_is_not_a_peer(tmp_path):
+    from bench.compare.contenders import CONTENDERS
+
+    modes = {c.name: c for c in CONTENDERS if c.name in report.PROJECT}
+    assert set(modes) == set(report.PROJECT)
+    plain, haproxy = modes["serve_app"], modes["serve_app_haproxy"]
+    assert haproxy.argv("embeddings", 9701, tmp_path) == plain.argv("embeddings", 9701, tmp_path)
+    assert haproxy.env("embeddings") == {**plain.env("embeddings"), "RAY_SERVE_ENABLE_HA_PROXY": "1"}
+    # Embeddings at 64 clients: serve-app 150, its HAProxy mode 400, the best peer 100. The HAProxy mode
+    # is serve-app, not a peer: serve-app leads 1.5x, and HAProxy's own row says 4x.
+    cells = [cell("naive", 64, 100.0), cell("serve_app", 64, 150.0), cell("serve_app_haproxy", 64, 400.0)]
+    results = {**_results(cells, {}), "contenders": ["naive", "serve_app", "serve_app_haproxy"],
+               "labels": {"naive": "Naive", "serve_app": "serve-app", "serve_app_haproxy": "serve-app, HAProxy"}}
+    lead = {p: next(t for t in report.targets(results, p) if "ahead of every peer" in t["target"])["figure"]
+            for p in report.PROJECT}
+    assert lead == {"serve_app": 1.5, "serve_app_haproxy": 4.0}
+    text = report.markdown(results)
+    assert text.index("serve-app:") < text.index("serve-app, HAProxy:")
 
 
 def test_batch_join_tree_specs_carry_env():
@@ -175,3 +196,18 @@ def test_batch_join_tree_specs_carry_env():
     name, path, env = parse_tree("off=.:SERVE_APP_A=1,SERVE_APP_B=x=y")
     assert name == "off" and path.is_absolute() and env == {"SERVE_APP_A": "1", "SERVE_APP_B": "x=y"}
     assert parse_tree("before=/tmp/b")[2] == {}
+
+
+def test_batch_join_options_merge_into_the_tree_s_config(tmp_path):
+    import yaml
+
+    from bench.batch_join import ROOT, parse_option, write_config
+
+    tree, option = parse_option("big=Translator.user_config.max_batch_size=64")
+    assert (tree, option) == ("big", {"Translator": {"user_config": {"max_batch_size": 64}}})
+    out = write_config(ROOT, "translation-transformers", 9702, 2, tmp_path / "c.yaml", option)
+    app = next(a for a in yaml.safe_load(out.read_text())["applications"] if a["import_path"].startswith("serve_app."))
+    translator = next(d for d in app["deployments"] if d["name"] == "Translator")
+    assert translator["user_config"]["max_batch_size"] == 64
+    assert translator["autoscaling_config"]["max_replicas"] == 2  # the pinning stays
+    assert translator["user_config"]["batch_wait_timeout_s"] > 0  # the rest of user_config stays
