@@ -90,7 +90,7 @@ load: install-test
 
 ## Benchmark serve-app against the offline limit and its peers (naive FastAPI, service_streamer,
 ## MLPool, BentoML): same models, machine and load generator (wrk), interleaved. Writes
-## docs/benchmarks/ (results.json, results.md, PNGs); ~30 min. BENCH_PROFILE=full: the whole grid.
+## docs/benchmarks/ (results.json, results.md, PNGs); ~40 min. BENCH_PROFILE=full: the whole grid.
 BENCH_PROFILE ?= default
 BENCH_ARGS ?=
 # Measurements need the CPU to themselves (set BENCH_LOCK= where nobody shares the machine).

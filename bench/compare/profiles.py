@@ -1,4 +1,4 @@
-"""What one `make bench` measures: the default profile (~30 min on 2 cores) and the full grid."""
+"""What one `make bench` measures: the default profile (~40 min on 2 cores) and the full grid."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ class Profile:
 
 
 PROFILES = {
-    # The default (~30 min): every contender, workload and request size; 3 of the 5 concurrencies
+    # The default (~40 min): every contender, workload and request size; 3 of the 5 concurrencies
     # (1: no batching possible; 8: light; 64: the embeddings target's point); short cells.
     "default": Profile(
         "default", WORKLOAD_ORDER, (1, 16), (1, 8, 64),
