@@ -37,6 +37,7 @@ from bench.compare import load
 from bench.compare.contenders import MAIN_PYTHON, deep_update, write_serve_app_config
 from bench.compare.procs import Server
 from bench.load import POOL
+from bench.overhead import set_path
 from bench.peers.models import WORKLOADS, build_marian_sized
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,11 +59,7 @@ def parse_option(spec: str) -> tuple[str, dict]:
     tree, rest = spec.split("=", 1)
     path, value = rest.split("=", 1)
     node: dict = {}
-    keys = path.split(".")
-    cursor = node
-    for key in keys[:-1]:
-        cursor = cursor.setdefault(key, {})
-    cursor[keys[-1]] = yaml.safe_load(value)
+    set_path(node, path.split("."), yaml.safe_load(value), spec)
     return tree, node
 
 

@@ -95,7 +95,8 @@ class Variant:
         return variant
 
 
-def _set_path(node: dict, path: list[str], value: Any, where: str) -> None:
+def set_path(node: dict, path: list[str], value: Any, where: str) -> None:
+    """node[path[0]][path[1]]... = value, creating mappings on the way; `where` names the override in errors."""
     for part in path[:-1]:
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
@@ -107,12 +108,12 @@ def apply_override(config: dict, key: str, value: Any) -> None:
     app = config["applications"][0]
     head, *path = key.split(".")
     if head == "args":
-        _set_path(app.setdefault("args", {}), path, value, key)
+        set_path(app.setdefault("args", {}), path, value, key)
     elif head in {d["name"] for d in app.get("deployments", [])}:
         deployment = next(d for d in app["deployments"] if d["name"] == head)
-        _set_path(deployment, path, value, key)
+        set_path(deployment, path, value, key)
     elif head in ("logging_config", "http_options", "proxy_location"):
-        _set_path(config, [head, *path], value, key)
+        set_path(config, [head, *path], value, key)
     else:
         raise SystemExit(f"override {key!r}: starts with neither args., a deployment name nor a top-level key")
 
@@ -148,7 +149,7 @@ def render_config(variant: Variant, port: int, replicas: int, workdir: Path,
         for override_key, value in variant.overrides:
             head, *path = override_key.split(".")
             if head in ("Ingress", "Echo"):
-                _set_path(next(d for d in app["deployments"] if d["name"] == head), path, value, override_key)
+                set_path(next(d for d in app["deployments"] if d["name"] == head), path, value, override_key)
             else:
                 apply_override(config, override_key, value)
     else:
