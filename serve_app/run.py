@@ -7,6 +7,9 @@ itself, runs `serve run --address <it>` as a child (same config, same logs), and
 Ctrl-C / SIGTERM first drains each application's Ingress (new model requests get
 `503 shutting_down` + Retry-After, /readyz turns 503, admitted requests finish, up to
 --drain-timeout-s), then shuts Serve and Ray down. `make run` uses it.
+
+It also picks Serve's HTTP proxy (--proxy, env SERVE_APP_PROXY; serve_app/proxy.py): HAProxy
+where a binary is available, else Serve's Python proxy.
 """
 
 from __future__ import annotations
@@ -14,12 +17,17 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
 import yaml
+
+from serve_app.proxy import (DEFAULT_HAPROXY_METRICS_PORT, DEFAULT_HAPROXY_STATS_PORT, PROXY_CHOICES,
+                             ProxyChoiceError, proxy_environment)
 
 
 def _say(message: str) -> None:
@@ -61,9 +69,34 @@ def main(argv: list[str] | None = None) -> int:
                         default=os.environ.get("SERVE_APP_RAY_DASHBOARD", "1") not in ("0", "false", "no"),
                         help="start Ray's dashboard, which `serve status` needs (env SERVE_APP_RAY_DASHBOARD=0: "
                              "--no-dashboard, 11 fewer processes and ~200 MB less memory)")
+    parser.add_argument("--proxy", choices=PROXY_CHOICES, default=os.environ.get("SERVE_APP_PROXY", "auto"),
+                        help="Serve's HTTP proxy (env SERVE_APP_PROXY): auto = HAProxy where a binary is found "
+                             "(half the CPU per request), else Serve's Python proxy; python = the Python proxy, "
+                             "which also cancels requests whose clients disconnect (serve_app/proxy.py)")
     ns = parser.parse_args(argv)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # Short: HAProxy's socket paths in it must stay under 97 characters (serve_app/proxy.py).
+    run_dir = Path(tempfile.mkdtemp(prefix="sa-", dir="/tmp" if os.path.isdir("/tmp") else None))
+    try:
+        proxy, added = proxy_environment(ns.proxy, run_dir)
+    except ProxyChoiceError as exc:
+        parser.error(str(exc))
+    # Before `import ray`: Ray reads these when its modules load and passes them to every process it starts.
+    os.environ.update(added)
+    if proxy == "haproxy":
+        ports = {name: os.environ.get(f"RAY_SERVE_HAPROXY_{name.upper()}_PORT", str(default))
+                 for name, default in (("stats", DEFAULT_HAPROXY_STATS_PORT), ("metrics", DEFAULT_HAPROXY_METRICS_PORT))}
+        _say(f"serve-app: HTTP proxy: HAProxy (its stats page on :{ports['stats']}, Prometheus metrics on "
+             f":{ports['metrics']}; --proxy python for Serve's Python proxy)")
+    else:
+        _say("serve-app: HTTP proxy: Serve's Python proxy")
+    try:
+        return _serve(ns)
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
 
+
+def _serve(ns: argparse.Namespace) -> int:
     import ray
     from ray import serve
 

