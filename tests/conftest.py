@@ -1,5 +1,6 @@
-"""Shared fixtures. `serve_url` starts Serve once per session, as users do:
-`serve run` on the checked-in serve_config.yaml (port changed to a free one).
+"""Shared fixtures. `serve_url` starts Serve once per session, as users do: `make run`'s
+launcher (`python -m serve_app.run`, which also picks the HTTP proxy: SERVE_APP_PROXY) on the
+checked-in serve_config.yaml (port changed to a free one).
 
 Set SERVE_APP_TEST_URL to run the integration tests against a service that is
 already running instead (e.g. `make run` in another terminal).
@@ -30,14 +31,14 @@ def _free_port() -> int:
 
 
 def _wait_ready(url: str, proc: subprocess.Popen | None, log: Path) -> float:
-    """Block until GET /readyz answers 200; fail fast if `serve run` exits."""
+    """Block until GET /readyz answers 200; fail fast if the launcher exits."""
     import httpx
 
     start = time.monotonic()
     with httpx.Client(timeout=5) as client:
         while time.monotonic() - start < STARTUP_TIMEOUT_S:
             if proc is not None and proc.poll() is not None:
-                pytest.fail(f"serve run exited with {proc.returncode}; log:\n{log.read_text()[-4000:]}")
+                pytest.fail(f"serve-app exited with {proc.returncode}; log:\n{log.read_text()[-4000:]}")
             try:
                 if client.get(f"{url}/readyz").status_code == 200:
                     return time.monotonic() - start
@@ -50,7 +51,7 @@ def _wait_ready(url: str, proc: subprocess.Popen | None, log: Path) -> float:
 
 @pytest.fixture(scope="session")
 def serve_process(tmp_path_factory):
-    """(url, log path) of a `serve run` started for this session."""
+    """(url, log path) of a `python -m serve_app.run` (what `make run` starts) for this session."""
     existing = os.environ.get("SERVE_APP_TEST_URL")
     if existing:
         yield existing.rstrip("/"), None
@@ -68,25 +69,29 @@ def serve_process(tmp_path_factory):
     rendered["applications"][0]["args"]["ingress"]["max_body_bytes"] = TEST_MAX_BODY_BYTES
     config.write_text(yaml.safe_dump(rendered, sort_keys=False))
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1")
-    serve_bin = Path(sys.executable).with_name("serve")
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [str(serve_bin), "run", str(config)], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True,
+            [sys.executable, "-m", "serve_app.run", str(config)], cwd=ROOT, env=env, stdout=out,
+            stderr=subprocess.STDOUT, start_new_session=True,
         )
     url = f"http://127.0.0.1:{port}"
     try:
         took = _wait_ready(url, proc, log)
-        print(f"\nserve run ready in {took:.1f} s at {url}", file=sys.stderr)
+        print(f"\nserve-app ready in {took:.1f} s at {url}", file=sys.stderr)
         yield url, log
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
+            # The launcher only, as `kill PID` would: it drains, then stops Serve and its Ray cluster.
+            proc.send_signal(signal.SIGTERM)
             try:
-                proc.wait(timeout=60)
+                proc.wait(timeout=90)
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+                proc.kill()
                 proc.wait()
+        try:  # whatever of its process group outlived it
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Optional
@@ -18,6 +19,7 @@ from typing import Optional
 import httpx
 import yaml
 
+from serve_app.proxy import proxy_environment
 from tests.support import deep_update, metric_sum, scrape, wait_for  # noqa: F401 (re-exported to the chaos tests)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,7 +41,8 @@ class ServeRun:
     """One `serve run`, its own Ray cluster and its own port."""
 
     def __init__(self, workdir: Path, *, args: Optional[dict] = None,
-                 deployments: Optional[dict[str, dict]] = None, env: Optional[dict[str, str]] = None):
+                 deployments: Optional[dict[str, dict]] = None, env: Optional[dict[str, str]] = None,
+                 proxy: Optional[str] = None):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
@@ -50,6 +53,12 @@ class ServeRun:
         self.env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1",
                         # Replicas push metrics to Ray's agent every second, not every 10 s.
                         RAY_metrics_report_interval_ms="1000", **(env or {}))
+        # The HTTP proxy `make run` would pick (serve_app/proxy.py; SERVE_APP_PROXY=python runs the suite
+        # on Serve's Python proxy), set in the environment so that `serve run` and the launcher agree.
+        self.proxy, added = proxy_environment(proxy or self.env.get("SERVE_APP_PROXY", "auto"),
+                                              Path(tempfile.mkdtemp(prefix="sa-", dir="/tmp")), self.env)
+        self.env.update(added)
+        self.env.setdefault("RAY_SERVE_ENABLE_HA_PROXY", "1" if self.proxy == "haproxy" else "0")
         self.proc: Optional[subprocess.Popen] = None
         #: `serve run` (what the integration tests use), or the `make run` launcher
         self.command = [str(Path(sys.executable).with_name("serve")), "run"]
