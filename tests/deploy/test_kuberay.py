@@ -164,3 +164,15 @@ def test_the_two_rayservices_share_their_head_group():
             container["image"] = container["image"].removesuffix("-gpu")
         heads.append(head)
     assert heads[0] == heads[1]
+
+
+def test_every_ray_container_serves_through_haproxy_as_make_run_does():
+    """The proxy `make run` picks where a binary exists (serve_app/proxy.py), on every Ray pod: Ray's
+    HAProxy mode must be set on all nodes before Ray starts."""
+    for name in KUBERAY_FILES:
+        spec = load_yaml(ROOT / name)["spec"]["rayClusterConfig"]
+        groups = [spec["headGroupSpec"], *spec["workerGroupSpecs"]]
+        for group in groups:
+            for container in group["template"]["spec"]["containers"]:
+                env = {e["name"]: e.get("value") for e in container.get("env", [])}
+                assert env.get("RAY_SERVE_ENABLE_HA_PROXY") == "1", (name, group.get("groupName", "head"))
