@@ -97,12 +97,13 @@ CONTENDERS: tuple[Contender, ...] = (
                                     "BENTOML_HOME": str(ROOT / ".bench-venvs" / "bentoml-home")}),
     # Its autoscaler (cpu profile: upscale_delay_s 5 on a 15 s look-back) adds replicas within
     # ~20-40 s of sustained load, each loading its model: 45 s of warm-up lets that settle.
+    # As `make run` starts it: HAProxy in front where a binary exists (serve_app/proxy.py).
     Contender("serve_app", "serve-app (this project)", _serve_app_argv, info_path="/v1/models",
               env=lambda workload: {"SERVE_APP_DRAIN_TIMEOUT_S": "2"}, settle_s=45.0),
-    # The same start with Serve's HAProxy ingress, the opt-in mode (docs/benchmarks/overhead.md): HAProxy
-    # forwards HTTP straight to the Ingress replica's own server instead of the Python proxy's actor call.
-    Contender("serve_app_haproxy", "serve-app, HAProxy (opt-in)", _serve_app_argv, info_path="/v1/models",
-              env=lambda workload: {"SERVE_APP_DRAIN_TIMEOUT_S": "2", "RAY_SERVE_ENABLE_HA_PROXY": "1"},
+    # The same start with `--proxy python` (SERVE_APP_PROXY=python): Serve's Python proxy, which turns each
+    # HTTP request into an actor call to the Ingress replica; the default where no HAProxy binary exists.
+    Contender("serve_app_python_proxy", "serve-app, Python proxy (--proxy python)", _serve_app_argv,
+              info_path="/v1/models", env=lambda workload: {"SERVE_APP_DRAIN_TIMEOUT_S": "2", "SERVE_APP_PROXY": "python"},
               settle_s=45.0),
 )
 

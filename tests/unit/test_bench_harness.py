@@ -170,24 +170,25 @@ def test_serve_app_settles_at_the_busiest_load_before_its_cells_and_peers_do_not
     assert set(settle.values()) == {0.0}
 
 
-def test_serve_app_haproxy_is_the_same_start_with_serve_s_haproxy_and_is_not_a_peer(tmp_path):
+def test_serve_app_python_proxy_is_the_same_start_on_serve_s_python_proxy_and_is_not_a_peer(tmp_path):
     from bench.compare.contenders import CONTENDERS
 
     modes = {c.name: c for c in CONTENDERS if c.name in report.PROJECT}
     assert set(modes) == set(report.PROJECT)
-    plain, haproxy = modes["serve_app"], modes["serve_app_haproxy"]
-    assert haproxy.argv("embeddings", 9701, tmp_path) == plain.argv("embeddings", 9701, tmp_path)
-    assert haproxy.env("embeddings") == {**plain.env("embeddings"), "RAY_SERVE_ENABLE_HA_PROXY": "1"}
-    # Embeddings at 64 clients: serve-app 150, its HAProxy mode 400, the best peer 100. The HAProxy mode
-    # is serve-app, not a peer: serve-app leads 1.5x, and HAProxy's own row says 4x.
-    cells = [cell("naive", 64, 100.0), cell("serve_app", 64, 150.0), cell("serve_app_haproxy", 64, 400.0)]
-    results = {**_results(cells, {}), "contenders": ["naive", "serve_app", "serve_app_haproxy"],
-               "labels": {"naive": "Naive", "serve_app": "serve-app", "serve_app_haproxy": "serve-app, HAProxy"}}
+    default, python = modes["serve_app"], modes["serve_app_python_proxy"]
+    assert python.argv("embeddings", 9701, tmp_path) == default.argv("embeddings", 9701, tmp_path)
+    assert python.env("embeddings") == {**default.env("embeddings"), "SERVE_APP_PROXY": "python"}
+    assert "SERVE_APP_PROXY" not in default.env("embeddings")  # the default: as `make run` picks it
+    # Embeddings at 64 clients: serve-app 400, its Python-proxy mode 150, the best peer 100. The other
+    # mode is serve-app, not a peer: serve-app leads 4x, and the Python proxy's own row says 1.5x.
+    cells = [cell("naive", 64, 100.0), cell("serve_app", 64, 400.0), cell("serve_app_python_proxy", 64, 150.0)]
+    results = {**_results(cells, {}), "contenders": ["naive", "serve_app", "serve_app_python_proxy"],
+               "labels": {"naive": "Naive", "serve_app": "serve-app", "serve_app_python_proxy": "serve-app, Python proxy"}}
     lead = {p: next(t for t in report.targets(results, p) if "ahead of every peer" in t["target"])["figure"]
             for p in report.PROJECT}
-    assert lead == {"serve_app": 1.5, "serve_app_haproxy": 4.0}
+    assert lead == {"serve_app": 4.0, "serve_app_python_proxy": 1.5}
     text = report.markdown(results)
-    assert text.index("serve-app:") < text.index("serve-app, HAProxy:")
+    assert text.index("serve-app:") < text.index("serve-app, Python proxy:")
 
 
 def test_batch_join_tree_specs_carry_env():
