@@ -39,6 +39,13 @@ DEFAULT_HAPROXY_METRICS_PORT = 9101
 MAX_HAPROXY_SOCKET_PATH = 97
 _NODE_FOLDER_CHARS = 1 + 56
 
+#: Seconds Serve keeps a stopping Ingress replica reachable behind HAProxy. Ray's default (30 s,
+#: RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S) gives load balancers on other nodes time to
+#: deregister it; the launcher's HAProxy runs on the same node and is reconfigured within a
+#: fraction of a second, and HAProxy retries a connection the replica refuses afterwards. With
+#: Ray's 30 s, Ctrl-C on `make run` took 35 s to exit instead of 11-13 s.
+LOCAL_DRAINING_PERIOD_S = 2.0
+
 #: Ray's default is 4 HAProxy threads; on a small machine more threads than cores only
 #: compete with the models.
 MAX_HAPROXY_THREADS = 4
@@ -97,9 +104,10 @@ def proxy_environment(choice: str, run_dir: Path, environ: Mapping[str, str] = o
       binary is a ProxyChoiceError.
     - With HAProxy, each run gets its own config file, admin socket and server-state files in
       `run_dir` (Ray's defaults are one folder, /tmp/haproxy-serve, for every cluster on the
-      machine; a `run_dir` too long for HAProxy's socket paths keeps Ray's), its stats and metrics ports are Ray's defaults unless taken (a second run, or an
-      `haproxy` left over from a killed one, holds them), and HAProxy gets no more threads than
-      the machine has cores.
+      machine; a `run_dir` too long for HAProxy's socket paths keeps Ray's). Its stats and
+      metrics ports are Ray's defaults unless taken (a second run, or an `haproxy` left over
+      from a killed one, holds them). HAProxy gets no more threads than the machine has cores,
+      and a stopping Ingress replica stays reachable for LOCAL_DRAINING_PERIOD_S, not Ray's 30 s.
     """
     if choice not in PROXY_CHOICES:
         raise ProxyChoiceError(f"proxy {choice!r} is not one of {', '.join(PROXY_CHOICES)}")
@@ -122,6 +130,7 @@ def proxy_environment(choice: str, run_dir: Path, environ: Mapping[str, str] = o
     wanted = {
         "RAY_SERVE_ENABLE_HA_PROXY": "1",
         "RAY_SERVE_HAPROXY_NBTHREAD": str(max(1, min(MAX_HAPROXY_THREADS, cpu_count or os.cpu_count() or 1))),
+        "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": f"{LOCAL_DRAINING_PERIOD_S:g}",
     }
     if haproxy_folder_fits(run_dir):
         wanted.update({

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import glob
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -55,8 +56,9 @@ class ServeRun:
                         RAY_metrics_report_interval_ms="1000", **(env or {}))
         # The HTTP proxy `make run` would pick (serve_app/proxy.py; SERVE_APP_PROXY=python runs the suite
         # on Serve's Python proxy), set in the environment so that `serve run` and the launcher agree.
+        self.proxy_dir = Path(tempfile.mkdtemp(prefix="sa-", dir="/tmp"))  # Ray recreates it on a restart
         self.proxy, added = proxy_environment(proxy or self.env.get("SERVE_APP_PROXY", "auto"),
-                                              Path(tempfile.mkdtemp(prefix="sa-", dir="/tmp")), self.env)
+                                              self.proxy_dir, self.env)
         self.env.update(added)
         self.env.setdefault("RAY_SERVE_ENABLE_HA_PROXY", "1" if self.proxy == "haproxy" else "0")
         self.proc: Optional[subprocess.Popen] = None
@@ -123,6 +125,7 @@ class ServeRun:
             self.proc.wait()
         took = time.monotonic() - start
         self._reap_session()
+        shutil.rmtree(self.proxy_dir, ignore_errors=True)
         return took
 
     def _reap_session(self) -> None:

@@ -40,6 +40,8 @@ def test_auto_uses_haproxy_when_a_binary_is_found_and_isolates_the_run(tmp_path,
                 "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH"):
         assert added[key].startswith(str(tmp_path / "run")), key
     assert added["RAY_SERVE_HAPROXY_NBTHREAD"] == "2"
+    # One node: HAProxy beside the replicas learns of a stopping one at once (Ray's 30 s is for remote LBs).
+    assert added["RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"] == "2"
 
 
 def test_auto_falls_back_to_the_python_proxy_without_a_binary(tmp_path, no_bundled_haproxy):
