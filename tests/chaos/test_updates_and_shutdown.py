@@ -46,6 +46,19 @@ def _replica_ids(run: ServeRun, deployment: str) -> set[str]:
     return {r["replica_id"] for r in d["replicas"] if r["state"] == "RUNNING"} if d else set()
 
 
+def _settled_replica_ids(run: ServeRun, deployment: str) -> set[str] | None:
+    """The replica ids once `deployment` is at its target with every replica RUNNING, else None.
+    A replica still starting (an autoscaler upscale or a kill test's replacement) would start
+    during the next measurement and pass for one the update replaced."""
+    d = serve_details(run)["applications"].get("serve-app", {}).get("deployments", {}).get(deployment)
+    if not d or d["status"] != "HEALTHY":
+        return None
+    states = [r["state"] for r in d["replicas"]]
+    if len(states) != d["target_num_replicas"] or any(state != "RUNNING" for state in states):
+        return None
+    return {r["replica_id"] for r in d["replicas"]}
+
+
 def _under_load(run: ServeRun, change, settled, workers: int = 4) -> tuple[list, float]:
     """Steady load; `change()` once 10 answers came back; stop 20 answers after `settled()`."""
     outcomes: list = []
@@ -71,7 +84,10 @@ def _under_load(run: ServeRun, change, settled, workers: int = 4) -> tuple[list,
 
 def test_user_config_change_under_load_reconfigures_in_place(chaos_run, figures):
     run = chaos_run
-    pids, ids = set(run.replica_pids("Translator")), _replica_ids(run, "Translator")
+    # Earlier tests on the shared run may have left the Translator scaling (seen through HAProxy,
+    # where abandoned requests keep it busy) or replacing a killed replica: start from a settled one.
+    ids = wait_for(lambda: _settled_replica_ids(run, "Translator"), 120, "Translator settled at its target")
+    pids = set(run.replica_pids("Translator"))
     config = copy.deepcopy(run.config)
     translator = next(d for d in config["applications"][0]["deployments"] if d["name"] == "Translator")
     old = translator["user_config"]["max_batch_size"]
@@ -83,12 +99,16 @@ def test_user_config_change_under_load_reconfigures_in_place(chaos_run, figures)
 
     outcomes, took = _under_load(run, lambda: _deploy(run, config), applied)
     failed = [o for o in outcomes if o.status != 200]
+    after = _replica_ids(run, "Translator")
     figures["user_config_update"] = {"requests": len(outcomes), "failed": len(failed),
                                      "serve_deploy_s": round(took, 1),
-                                     "translator_replicas_restarted": len(ids - _replica_ids(run, "Translator"))}
+                                     "translator_replicas_started_during_update": len(after - ids)}
     print(figures["user_config_update"])
     assert failed == []
-    assert set(run.replica_pids("Translator")) == pids and _replica_ids(run, "Translator") == ids
+    # In place: no replica (id or process) started for the update. (The autoscaler may still have
+    # stopped one of two replicas on its own in the meantime; that is not a restart.)
+    assert after and after <= ids, (ids, after)
+    assert set(run.replica_pids("Translator")) <= pids
     run.config = config  # the run now serves this config
 
 
