@@ -46,17 +46,27 @@ def _replica_ids(run: ServeRun, deployment: str) -> set[str]:
     return {r["replica_id"] for r in d["replicas"] if r["state"] == "RUNNING"} if d else set()
 
 
-def _settled_replica_ids(run: ServeRun, deployment: str) -> set[str] | None:
-    """The replica ids once `deployment` is at its target with every replica RUNNING, else None.
-    A replica still starting (an autoscaler upscale or a kill test's replacement) would start
-    during the next measurement and pass for one the update replaced."""
+def _running_at_target(run: ServeRun, deployment: str) -> set[str] | None:
+    """The replica ids if `deployment` is HEALTHY at its target with every replica RUNNING and a
+    live process per replica, else None."""
     d = serve_details(run)["applications"].get("serve-app", {}).get("deployments", {}).get(deployment)
     if not d or d["status"] != "HEALTHY":
         return None
     states = [r["state"] for r in d["replicas"]]
     if len(states) != d["target_num_replicas"] or any(state != "RUNNING" for state in states):
         return None
-    return {r["replica_id"] for r in d["replicas"]}
+    ids = {r["replica_id"] for r in d["replicas"]}
+    return ids if len(run.replica_pids(deployment)) == len(ids) else None
+
+
+def _settled_replica_ids(run: ServeRun, deployment: str, seen: list, polls: int = 4) -> set[str] | None:
+    """`_running_at_target`, unchanged over `polls` polls in a row. A replica still starting (an
+    autoscaler upscale, a kill test's replacement) would come up during the next measurement and
+    pass for one the update replaced; and Serve reports a replica killed a moment ago as RUNNING
+    until its controller notices (seen in CI: 2 s after a kill)."""
+    seen.append(_running_at_target(run, deployment))
+    last = seen[-polls:]
+    return last[0] if len(last) == polls and last[0] and all(ids == last[0] for ids in last) else None
 
 
 def _under_load(run: ServeRun, change, settled, workers: int = 4) -> tuple[list, float]:
@@ -86,7 +96,9 @@ def test_user_config_change_under_load_reconfigures_in_place(chaos_run, figures)
     run = chaos_run
     # Earlier tests on the shared run may have left the Translator scaling (seen through HAProxy,
     # where abandoned requests keep it busy) or replacing a killed replica: start from a settled one.
-    ids = wait_for(lambda: _settled_replica_ids(run, "Translator"), 120, "Translator settled at its target")
+    seen: list = []
+    ids = wait_for(lambda: _settled_replica_ids(run, "Translator", seen), 120, "Translator settled at its target",
+                   interval_s=0.5)
     pids = set(run.replica_pids("Translator"))
     config = copy.deepcopy(run.config)
     translator = next(d for d in config["applications"][0]["deployments"] if d["name"] == "Translator")
