@@ -114,7 +114,8 @@ class ServeRun:
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 60) -> Optional[float]:
         """Signal `serve run`'s process group; return seconds until it exited (None: not running)."""
-        if self.proc is None or self.proc.poll() is not None:
+        if self.proc is None or self.proc.poll() is not None:  # never started, or a test stopped it
+            shutil.rmtree(self.proxy_dir, ignore_errors=True)
             return None
         start = time.monotonic()
         os.killpg(self.proc.pid, sig)
