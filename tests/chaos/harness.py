@@ -207,8 +207,15 @@ def _auth_headers() -> dict:
     return {"Authorization": f"Bearer {token.read_text().strip()}"} if token.exists() else {}
 
 
+def deployment_details(run: ServeRun, deployment: str) -> Optional[dict]:
+    """Serve's details of `deployment` (status, target_num_replicas, replicas with their ids and
+    states), or None while it is missing (Serve rebuilding the application after new args)."""
+    return serve_details(run)["applications"].get("serve-app", {}).get("deployments", {}).get(deployment)
+
+
 def deployment_replicas(run: ServeRun, deployment: str) -> tuple[str, list[str]]:
     """(deployment status, [state of each replica]) as Serve reports them."""
-    app = serve_details(run)["applications"]["serve-app"]
-    d = app["deployments"][deployment]
+    d = deployment_details(run, deployment)
+    if d is None:
+        raise KeyError(f"Serve reports no deployment {deployment!r} in serve-app")
     return d["status"], [r["state"] for r in d["replicas"]]

@@ -1,6 +1,6 @@
 """Faults 5 and 6: a request past its deadline (X-Request-Timeout-Ms) gets 504 promptly, and a
-client that disconnects is let go (on Serve's Python proxy; measured through HAProxy); in both cases the records still queued in the Translator's
-@serve.batch queue are dropped, not computed.
+client that disconnects is let go (on Serve's Python proxy; measured through HAProxy); in both
+cases the records still queued in the Translator's @serve.batch queue are dropped, not computed.
 
 Proof from the replicas' own counters on Ray's Prometheus endpoint:
 serve_app_records_enqueued_total = serve_app_records_total (computed) + serve_app_records_cancelled_total

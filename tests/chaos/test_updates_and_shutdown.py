@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .harness import ROOT, ServeRun, dashboard_url, serve_details, wait_for
+from .harness import ROOT, ServeRun, dashboard_url, deployment_details, wait_for
 from .helpers import is_clean_error, steady_load
 
 
@@ -42,14 +42,14 @@ def _deploy(run: ServeRun, config: dict) -> float:
 
 def _replica_ids(run: ServeRun, deployment: str) -> set[str]:
     # While Serve rebuilds an application (new args) its deployments may be missing briefly.
-    d = serve_details(run)["applications"].get("serve-app", {}).get("deployments", {}).get(deployment)
+    d = deployment_details(run, deployment)
     return {r["replica_id"] for r in d["replicas"] if r["state"] == "RUNNING"} if d else set()
 
 
 def _running_at_target(run: ServeRun, deployment: str) -> set[str] | None:
     """The replica ids if `deployment` is HEALTHY at its target with every replica RUNNING and a
     live process per replica, else None."""
-    d = serve_details(run)["applications"].get("serve-app", {}).get("deployments", {}).get(deployment)
+    d = deployment_details(run, deployment)
     if not d or d["status"] != "HEALTHY":
         return None
     states = [r["state"] for r in d["replicas"]]
