@@ -84,10 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     # Before `import ray`: Ray reads these when its modules load and passes them to every process it starts.
     os.environ.update(added)
     if proxy == "haproxy":
-        ports = {name: os.environ.get(f"RAY_SERVE_HAPROXY_{name.upper()}_PORT", str(default))
-                 for name, default in (("stats", DEFAULT_HAPROXY_STATS_PORT), ("metrics", DEFAULT_HAPROXY_METRICS_PORT))}
-        _say(f"serve-app: HTTP proxy: HAProxy (its stats page on :{ports['stats']}, Prometheus metrics on "
-             f":{ports['metrics']}; --proxy python for Serve's Python proxy)")
+        stats = os.environ.get("RAY_SERVE_HAPROXY_STATS_PORT", DEFAULT_HAPROXY_STATS_PORT)
+        metrics = os.environ.get("RAY_SERVE_HAPROXY_METRICS_PORT", DEFAULT_HAPROXY_METRICS_PORT)
+        _say(f"serve-app: HTTP proxy: HAProxy (its stats page on :{stats}, Prometheus metrics on :{metrics}; "
+             "--proxy python for Serve's Python proxy)")
     else:
         _say("serve-app: HTTP proxy: Serve's Python proxy")
     try:
