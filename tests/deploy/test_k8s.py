@@ -102,8 +102,22 @@ def test_pdb_and_pod_monitor_select_the_ray_pods(overlay):
         labels = {**group["template"]["metadata"]["labels"], "ray.io/node-type": "worker"}
         assert _labels_match(pdb, labels), group["groupName"]
         assert _labels_match(monitor["selector"]["matchLabels"], labels), group["groupName"]
-        ports = {p["name"]: p["containerPort"] for p in group["template"]["spec"]["containers"][0]["ports"]}
-        assert ports[monitor["podMetricsEndpoints"][0]["port"]] == 8080
+
+
+def test_pod_monitor_scrapes_ray_and_haproxy_metrics_on_every_ray_pod(overlay):
+    """Ray's exporter (8080, metrics_export_port) and, since every Ray container runs Serve's
+    HAProxy ingress, HAProxy's own exporter (RAY_SERVE_HAPROXY_METRICS_PORT, 9101 unless set):
+    each endpoint names a port that every Ray pod declares with that number."""
+    _, objects = overlay
+    endpoints = {e["port"]: e for e in _one(objects, "PodMonitor")["spec"]["podMetricsEndpoints"]}
+    assert set(endpoints) == {"metrics", "haproxy-metrics"}
+    assert endpoints["haproxy-metrics"]["path"] == "/metrics"  # Ray's HAProxyConfig.metrics_uri
+    for group, template in ray_pod_templates(_one(objects, "RayService")):
+        container = template["spec"]["containers"][0]
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert ports["metrics"] == 8080, group
+        assert ports["haproxy-metrics"] == int(env.get("RAY_SERVE_HAPROXY_METRICS_PORT", 9101)), group
 
 
 def test_api_key_secret_is_a_marked_placeholder_and_reaches_the_pods(overlay):

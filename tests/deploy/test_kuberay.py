@@ -92,7 +92,7 @@ def test_workers_expose_serve_and_metrics_and_size_their_resources(rayservice):
     for group in rayservice["spec"]["rayClusterConfig"]["workerGroupSpecs"]:
         assert 0 < group["minReplicas"] <= group["replicas"] <= group["maxReplicas"]
         container = _container(group["template"])
-        assert _ports(container) == {"serve": 9527, "metrics": 8080}, group["groupName"]
+        assert _ports(container) == {"serve": 9527, "metrics": 8080, "haproxy-metrics": 9101}, group["groupName"]
         resources = container["resources"]
         for key in ("cpu", "memory"):
             assert key in resources["requests"] and key in resources["limits"], (group["groupName"], key)
