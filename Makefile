@@ -2,6 +2,8 @@
 PYTHON ?= python3
 VENV ?= .venv
 PORT ?= 9527
+# The Serve config `make run` serves: serve_config.placed.yaml puts both models in the Ingress.
+CONFIG ?= serve_config.yaml
 BIN := $(VENV)/bin
 # torch first, from the CPU wheel: a bare `torch` requirement would pull a multi-GB CUDA build.
 TORCH_SPEC ?= torch==2.13.0
@@ -32,10 +34,10 @@ install-test: $(VENV)/.installed-test
 ## `serve run serve_config.yaml` works too, but stops without draining.
 run: install
 ifeq ($(PORT),9527)
-	$(BIN)/python -m serve_app.config_check serve_config.yaml
-	$(BIN)/python -m serve_app.run serve_config.yaml
+	$(BIN)/python -m serve_app.config_check $(CONFIG)
+	$(BIN)/python -m serve_app.run $(CONFIG)
 else
-	$(BIN)/python -m serve_app.config_check serve_config.yaml --port $(PORT) --write .build/serve_config.yaml
+	$(BIN)/python -m serve_app.config_check $(CONFIG) --port $(PORT) --write .build/serve_config.yaml
 	$(BIN)/python -m serve_app.run .build/serve_config.yaml
 endif
 
@@ -50,7 +52,7 @@ integration: install-test
 	$(BIN)/python -m pytest tests/integration
 
 check-config: install
-	$(BIN)/python -m serve_app.config_check serve_config.yaml
+	$(BIN)/python -m serve_app.config_check $(CONFIG)
 
 ## Chaos tests: kill replicas, deadlines, disconnects, updates, model load failure (~5 min, own Serve runs).
 chaos: install-test

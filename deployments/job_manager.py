@@ -20,7 +20,7 @@ from pydantic import BaseModel, ValidationError
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from serve_app.clients import HandleClient, ModelClient
+from serve_app.clients import INGRESS_DEPLOYMENT, HandleClient, ModelClient, ViaIngressClient
 from serve_app.custom_models import deployment_name
 from serve_app.errors import InvalidRequest, ServeAppError, describe_validation_errors
 from serve_app.jobs import Job, JobFinished, JobStore, UnsupportedTask, job_settings
@@ -177,13 +177,24 @@ class JobRunner:
     ray_actor_options={"num_cpus": 0.05},
 )
 class JobManager:
-    def __init__(self, translator: DeploymentHandle, embedder: DeploymentHandle, settings: dict,
+    def __init__(self, translator: Optional[DeploymentHandle], embedder: Optional[DeploymentHandle], settings: dict,
                  models: Optional[dict[str, DeploymentHandle]] = None):
         self.settings = AppSettings.model_validate(settings)
         retry = self.settings.ingress.retry_after_s
         retry_timeout = self.settings.ingress.replica_retry_timeout_s
+        ingress: Optional[HandleClient] = None
 
-        def client(name: str, handle: DeploymentHandle) -> HandleClient:
+        def client(name: str, handle: Optional[DeploymentHandle]) -> ModelClient:
+            nonlocal ingress
+            if handle is None:
+                # Placed in the Ingress (`placement: ingress`): no deployment of its own, so job work
+                # goes to the Ingress replicas' model queues. By name: the Ingress is bound after
+                # this deployment (it holds this one's handle).
+                if ingress is None:
+                    handle = serve.get_deployment_handle(INGRESS_DEPLOYMENT, serve.get_replica_context().app_name)
+                    ingress = HandleClient(INGRESS_DEPLOYMENT, handle, retry_after_s=retry,
+                                           retry_timeout_s=retry_timeout)
+                return ViaIngressClient(name, ingress)
             return HandleClient(name, handle, retry_after_s=retry, retry_timeout_s=retry_timeout)
 
         clients = {"translation": client("Translator", translator), "embeddings": client("Embedder", embedder)}

@@ -14,6 +14,9 @@ from .errors import InternalError, ModelUnavailable, Overloaded, ServeAppError
 
 logger = logging.getLogger("serve_app")
 
+#: The name of the Ingress deployment (serve_app/ingress.py), which models with `placement: ingress` live in.
+INGRESS_DEPLOYMENT = "Ingress"
+
 
 class ModelClient(Protocol):
     name: str
@@ -112,3 +115,52 @@ class HandleClient:
             return str(getattr(deployment.status, "value", deployment.status)), deployment.message or app.message
 
         return await asyncio.to_thread(ask)
+
+
+class LocalClient:
+    """A model placed in this process (`placement: ingress`): the model replica object itself,
+    called directly on this replica's event loop, with HandleClient's error mapping.
+
+    Cancelling the awaiting task cancels the call as through a handle: its records still waiting
+    in the model queue are dropped, never computed."""
+
+    def __init__(self, name: str, replica: Any):
+        self.name = name
+        self.replica = replica
+
+    async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            result = getattr(self.replica, method)(*args, **kwargs)
+            if asyncio.iscoroutine(result):
+                result = await result
+            return result
+        except (ServeAppError, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            logger.error("%s.%s raised: %r", self.name, method, exc)
+            raise InternalError(f"{self.name} failed on this request; the error has been logged.") from None
+
+    async def deployment_status(self) -> tuple[str, str]:
+        """(status, message) in the terms of Serve's deployment status: the model shares this
+        replica's fate, so it is HEALTHY unless its own health check fails."""
+        try:
+            self.replica.check_health()
+        except Exception as exc:
+            return "UNHEALTHY", str(exc)
+        return "HEALTHY", ""
+
+
+class ViaIngressClient:
+    """From another deployment (the JobManager), a model placed in the Ingress: each call goes to
+    `Ingress.call_placed(name, method, ...)` through `ingress`, a client of the Ingress
+    deployment, so job work reaches the same model queues (at background priority) as requests."""
+
+    def __init__(self, name: str, ingress: Any):
+        self.name = name
+        self._ingress = ingress
+
+    async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return await self._ingress.call("call_placed", self.name, method, *args, **kwargs)
+
+    async def deployment_status(self) -> tuple[str, str]:
+        return await self._ingress.deployment_status()

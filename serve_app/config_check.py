@@ -73,15 +73,25 @@ def check_config(config: dict[str, Any]) -> list[str]:
                 settings = None
         # Each custom model (`args.models`) is its own deployment, `Model.<name>`.
         custom = tuple(deployment_name(spec.name) for spec in settings.models) if settings is not None else ()
-        names, model_names = DEPLOYMENT_NAMES + custom, MODEL_DEPLOYMENTS + custom
+        # A model placed in the Ingress (`placement: ingress`) has no deployment of its own.
+        placed = placed_models(settings) if settings is not None else {}
+        names = tuple(n for n in DEPLOYMENT_NAMES + custom if n not in placed)
+        model_names = tuple(n for n in MODEL_DEPLOYMENTS + custom if n not in placed)
         if settings is not None:
             problems += _autoscaler_visibility(app, settings, model_names, where)
         for dep in app.get("deployments") or []:
             dname = dep.get("name", "?")
             dwhere = f"{where}.deployments[{dname}]"
             problems += _unknown(dep, DeploymentSchema.model_fields, dwhere)
-            if app.get("import_path") == BUILDER and dname not in names:
+            if app.get("import_path") == BUILDER and dname in placed:
+                problems.append(
+                    f"{dwhere}: args.{placed[dname]}.placement is 'ingress', so the app has no {dname} deployment "
+                    f"(Serve would refuse the config): remove this entry; its batch knobs go in the Ingress's "
+                    f"user_config under {dname!r}, its CPUs in the Ingress's ray_actor_options")
+            elif app.get("import_path") == BUILDER and dname not in names:
                 problems.append(f"{dwhere}: no deployment named {dname!r} (deployments: {', '.join(names)})")
+            if dname == "Ingress" and settings is not None and "user_config" in dep:
+                problems += _placed_batch_configs(dep["user_config"], placed, dwhere)
             if dname == JOB_DEPLOYMENT and settings is not None and not settings.jobs.enabled:
                 problems.append(f"{dwhere}: args.jobs.enabled is false, so the app has no {dname} deployment")
             if isinstance(dep.get("autoscaling_config"), dict):
@@ -109,6 +119,34 @@ def check_config(config: dict[str, Any]) -> list[str]:
                         f"{dwhere}: max_ongoing_requests={ongoing} is below max_batch_size="
                         f"{batch.max_batch_size}; a full batch of single-record calls could never form"
                     )
+    return problems
+
+
+def placed_models(settings: Any) -> dict[str, str]:
+    """Deployment name -> `args:` section of each model placed in the Ingress (`placement: ingress`)."""
+    sections = {"Translator": settings.translation, "Embedder": settings.embeddings}
+    return {name: ("translation" if name == "Translator" else "embeddings")
+            for name, section in sections.items() if section.placement == "ingress"}
+
+
+def _placed_batch_configs(user_config: Any, placed: dict[str, str], where: str) -> list[str]:
+    """The Ingress's user_config: a batch config (as the model deployment's own user_config) per
+    model placed in the Ingress, keyed by that model's deployment name."""
+    from deployments._config import parse_batch_config
+
+    if not isinstance(user_config, dict):
+        return [f"{where}.user_config: must map the names of models placed in the Ingress to their batch "
+                f"config, got {user_config!r}"]
+    problems = []
+    for name, batch in user_config.items():
+        if name not in placed:
+            problems.append(f"{where}.user_config: {name!r} is not a model placed in the Ingress (placed: "
+                            f"{', '.join(sorted(placed)) or 'none'}; set args.<model>.placement: ingress)")
+            continue
+        try:
+            parse_batch_config(batch, name)
+        except ValueError as exc:
+            problems.append(f"{where}.user_config.{name}: {exc}")
     return problems
 
 

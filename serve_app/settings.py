@@ -145,6 +145,19 @@ class IngressSettings(_Section):
         return [k.strip() for k in self.api_keys.get_secret_value().split(",") if k.strip()]
 
 
+#: Where a model runs: its own deployment, or inside each Ingress replica (`args.<section>.placement`).
+PLACEMENT_DESCRIPTION = (
+    "`deployment`: the model runs in its own Serve deployment (Translator / Embedder), which scales on "
+    "its own and is reached from the Ingress by one Ray call per request (~6-7 ms of CPU on 2 cores). "
+    "`ingress`: each Ingress replica loads the model and batches its requests in-process; no call "
+    "between processes, so a small CPU model serves more requests on few cores (measured 1.7x on "
+    "MiniLM, docs/benchmarks/placement.md); the model then scales with the Ingress, its batch knobs "
+    "come from the Ingress's `user_config` under the model deployment's name, and the config must "
+    "not list that deployment. Keep `deployment` for GPU models and for models that scale apart "
+    "from the HTTP layer."
+)
+
+
 class TranslationSettings(_Section):
     """Which translation model to load and how to decode."""
 
@@ -182,6 +195,7 @@ class TranslationSettings(_Section):
         None, ge=1,
         description="CPU threads per replica for the model; default: the replica's `num_cpus` share, at least 1.",
     )
+    placement: Literal["deployment", "ingress"] = Field("deployment", description=PLACEMENT_DESCRIPTION)
     ctranslate2_compute_type: Literal[
         "auto", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16", "float32"
     ] = Field(
@@ -219,6 +233,7 @@ class EmbeddingSettings(_Section):
     max_seq_tokens: int = Field(256, ge=8, description="Inputs are truncated to this many tokens (MiniLM was trained on 256).")
     device: str = Field("auto", description="`auto`, `cpu` or `cuda`.")
     num_threads: Optional[int] = Field(None, ge=1, description="CPU threads per replica; default: its `num_cpus` share.")
+    placement: Literal["deployment", "ingress"] = Field("deployment", description=PLACEMENT_DESCRIPTION)
 
 
 class CacheSettings(_Section):

@@ -62,12 +62,13 @@ def _import_missing(module: str) -> Callable[[], str | None]:
 
 
 def write_serve_app_config(workload: str, port: int, out: Path, tree: Path = ROOT,
-                           deployments: dict | None = None) -> Path:
-    """`tree`'s serve_config.yaml with the bench port, the workload's model args and `deployments`
-    (name -> options merged in), checked by `tree`'s own config_check as `make run` does."""
+                           deployments: dict | None = None, config: str = "serve_config.yaml") -> Path:
+    """`tree`'s `config` (serve_config.yaml: what `make run` serves) with the bench port, the
+    workload's model args and `deployments` (name -> options merged in), checked by `tree`'s own
+    config_check as `make run` does."""
     check = [str(MAIN_PYTHON), "-m", "serve_app.config_check"]
     env = dict(os.environ, PYTHONPATH=str(tree))
-    subprocess.run([*check, str(tree / "serve_config.yaml"), "--port", str(port), "--write", str(out)],
+    subprocess.run([*check, str(tree / config), "--port", str(port), "--write", str(out)],
                    check=True, cwd=tree, env=env, capture_output=True)
     rendered = yaml.safe_load(out.read_text())
     for app in rendered["applications"]:
@@ -84,6 +85,12 @@ def write_serve_app_config(workload: str, port: int, out: Path, tree: Path = ROO
 
 def _serve_app_argv(workload: str, port: int, scratch: Path) -> list[str]:
     config = write_serve_app_config(workload, port, scratch / "serve_config.yaml")
+    return [str(MAIN_PYTHON), "-m", "serve_app.run", str(config)]
+
+
+def _serve_app_placed_argv(workload: str, port: int, scratch: Path) -> list[str]:
+    config = write_serve_app_config(workload, port, scratch / "serve_config.placed.yaml",
+                                    config="serve_config.placed.yaml")
     return [str(MAIN_PYTHON), "-m", "serve_app.run", str(config)]
 
 
@@ -104,6 +111,11 @@ CONTENDERS: tuple[Contender, ...] = (
     # HTTP request into an actor call to the Ingress replica; the default where no HAProxy binary exists.
     Contender("serve_app_python_proxy", "serve-app, Python proxy (--proxy python)", _serve_app_argv,
               info_path="/v1/models", env=lambda workload: {"SERVE_APP_DRAIN_TIMEOUT_S": "2", "SERVE_APP_PROXY": "python"},
+              settle_s=45.0),
+    # `make run CONFIG=serve_config.placed.yaml`: both models inside the Ingress (placement: ingress), so a
+    # request crosses no Ray call between processes; the Ingress autoscales to 2 like the models of cpu.
+    Contender("serve_app_placed", "serve-app, models in the Ingress (serve_config.placed.yaml)",
+              _serve_app_placed_argv, info_path="/v1/models", env=lambda workload: {"SERVE_APP_DRAIN_TIMEOUT_S": "2"},
               settle_s=45.0),
 )
 

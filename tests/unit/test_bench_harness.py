@@ -185,7 +185,7 @@ def test_serve_app_python_proxy_is_the_same_start_on_serve_s_python_proxy_and_is
     results = {**_results(cells, {}), "contenders": ["naive", "serve_app", "serve_app_python_proxy"],
                "labels": {"naive": "Naive", "serve_app": "serve-app", "serve_app_python_proxy": "serve-app, Python proxy"}}
     lead = {p: next(t for t in report.targets(results, p) if "ahead of every peer" in t["target"])["figure"]
-            for p in report.PROJECT}
+            for p in ("serve_app", "serve_app_python_proxy")}
     assert lead == {"serve_app": 4.0, "serve_app_python_proxy": 1.5}
     text = report.markdown(results)
     assert text.index("serve-app:") < text.index("serve-app, Python proxy:")
@@ -212,3 +212,18 @@ def test_batch_join_options_merge_into_the_tree_s_config(tmp_path):
     assert translator["user_config"]["max_batch_size"] == 64
     assert translator["autoscaling_config"]["max_replicas"] == 2  # the pinning stays
     assert translator["user_config"]["batch_wait_timeout_s"] > 0  # the rest of user_config stays
+
+
+def test_serve_app_placed_serves_the_placed_profile_with_the_workload_s_model_args(tmp_path):
+    import yaml
+
+    from bench.compare.contenders import CONTENDERS
+
+    placed = next(c for c in CONTENDERS if c.name == "serve_app_placed")
+    argv = placed.argv("translation-transformers", 9702, tmp_path)  # raises if config_check refuses it
+    config = yaml.safe_load(open(argv[-1]).read())
+    app = next(a for a in config["applications"] if a["import_path"].startswith("serve_app."))
+    assert app["args"]["translation"]["placement"] == app["args"]["embeddings"]["placement"] == "ingress"
+    assert app["args"]["translation"]["backend"] == "transformers"  # the bench's model, as for serve_app
+    assert {d["name"] for d in app["deployments"]} == {"Ingress", "JobManager", "Model.iris"}
+    assert "serve_app_placed" in report.PROJECT  # judged against the peers, never counted as one

@@ -1,0 +1,182 @@
+"""Models placed in the Ingress (`placement: ingress`): what the Ingress replica builds (its
+PlacedModels and Service), without Ray, serving HTTP in-process (httpx over ASGI) with the real
+model deployment classes. Everything runs on the unit tests' shared `loop`: @serve.batch binds
+a method's queue to the first loop that calls it (tests/unit/conftest.py)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from serve_app.api import app, set_service
+from serve_app.builder import build_app
+from serve_app.clients import LocalClient, ViaIngressClient
+from serve_app.config_check import check_config
+from serve_app.errors import InternalError, ServeAppError
+from serve_app.ingress import PlacedModels, build_service
+from serve_app.settings import AppSettings
+
+from .test_deployments import RecordingBackend
+
+
+@pytest.fixture
+def recording_backend(monkeypatch):
+    backend = RecordingBackend()
+    monkeypatch.setattr("deployments.translator.load_translation_backend", lambda settings, threads: backend)
+    monkeypatch.setattr(RecordingBackend, "warm_up", lambda self: None, raising=False)
+    return backend
+
+
+class Client:
+    """Synchronous HTTP calls to the FastAPI app, run on `loop`."""
+
+    def __init__(self, loop):
+        self.loop = loop
+        self.http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
+
+    def post(self, path, **kwargs):
+        return self.loop.run_until_complete(self.http.post(path, **kwargs))
+
+    def get(self, path, **kwargs):
+        return self.loop.run_until_complete(self.http.get(path, **kwargs))
+
+
+@pytest.fixture
+def placed_ingress(recording_backend, loop):
+    settings = AppSettings.model_validate({
+        "translation": {"placement": "ingress"}, "embeddings": {"placement": "ingress"},
+        "cache": {"enabled": False}})
+    ingress = PlacedModels(settings)
+    set_service(build_service(settings, ingress, None, None))
+    ingress.reconfigure({"Translator": {"max_batch_size": 4, "batch_wait_timeout_s": 0.05}})
+    client = Client(loop)
+    yield ingress, client, recording_backend
+    loop.run_until_complete(client.http.aclose())
+    set_service(None)
+
+
+def test_both_models_serve_http_from_inside_the_ingress(placed_ingress):
+    ingress, client, backend = placed_ingress
+    assert ingress.names() == ["Embedder", "Translator"]
+    records = [{"id": f"r{i}", "text": f"sentence {i}"} for i in range(6)]
+    resp = client.post("/translation", json={"payload": {"fromLang": "en", "toLang": "pt", "records": records}})
+    assert resp.status_code == 200, resp.text
+    assert resp.json() == {"result": [{"id": f"r{i}", "text": f"pt:sentence {i}"} for i in range(6)]}
+    # The Ingress's user_config reached the placed Translator: batches of at most 4 records.
+    assert max(len(texts) for _, _, texts in backend.batches) <= 4
+    resp = client.post("/embeddings", json={"input": ["The food was delicious.", "Hello"]})
+    assert resp.status_code == 200, resp.text
+    vectors = [d["embedding"] for d in resp.json()["data"]]
+    assert len(vectors) == 2 and len(vectors[0]) == 384
+    ready = client.get("/readyz")
+    assert ready.status_code == 200, ready.text
+
+
+def test_concurrent_requests_share_model_batches_in_process(placed_ingress, loop):
+    ingress, _, backend = placed_ingress
+    translator = ingress.clients["Translator"]
+
+    async def many():
+        from deployments.batching import Chunk
+        return await asyncio.gather(*(translator.call("translate", Chunk("en", "pt", [f"t{i}"])) for i in range(8)))
+
+    results = loop.run_until_complete(many())
+    assert [out for out, _ in results] == [[f"pt:t{i}"] for i in range(8)]
+    # 8 one-record calls ran as far fewer model calls (max_batch_size 4)
+    assert len(backend.batches) <= 3
+
+
+def test_the_ingress_user_config_only_takes_models_placed_in_it(placed_ingress):
+    ingress, _, _ = placed_ingress
+    with pytest.raises(ValueError, match="'Model.iris'"):
+        ingress.reconfigure({"Model.iris": {"max_batch_size": 8, "batch_wait_timeout_s": 0.01}})
+    with pytest.raises(ValueError, match="max_batch_size=0"):
+        ingress.reconfigure({"Translator": {"max_batch_size": 0, "batch_wait_timeout_s": 0.01}})
+
+
+def test_a_placed_model_that_keeps_failing_fails_the_ingress_health_check(placed_ingress, loop):
+    ingress, client, backend = placed_ingress
+    backend.fail = True
+    for i in range(3):
+        resp = client.post("/translation", json={"payload": {"fromLang": "en", "toLang": "pt",
+                                                             "records": [{"id": "1", "text": f"x{i}"}]}})
+        assert resp.status_code == 500 and resp.json()["error_type"] == "internal_error"
+    with pytest.raises(RuntimeError, match="model calls failed"):
+        ingress.check_health()
+    assert loop.run_until_complete(ingress.clients["Translator"].deployment_status())[0] == "UNHEALTHY"
+
+
+def test_job_work_reaches_a_placed_model_through_the_ingress(placed_ingress, loop):
+    ingress, _, backend = placed_ingress
+
+    class IngressByHandle:  # what a HandleClient over the Ingress deployment does, minus Ray
+        async def call(self, method, *args, **kwargs):
+            assert method == "call_placed"  # Ingress.call_placed -> PlacedModels.call
+            return await ingress.call(*args, **kwargs)
+
+    from deployments.batching import Chunk
+    via = ViaIngressClient("Translator", IngressByHandle())
+    out, _ = loop.run_until_complete(via.call("translate", Chunk("en", "pt", ["job text"]), background=True))
+    assert out == ["pt:job text"]
+    with pytest.raises(ValueError, match="no model 'Embedder2'"):
+        loop.run_until_complete(ingress.call("Embedder2", "embed", ["x"]))
+
+
+def test_local_client_passes_our_errors_and_maps_the_rest():
+    class Replica:
+        def ours(self):
+            raise ServeAppError("nope")
+
+        async def boom(self):
+            raise KeyError("bug")
+
+    client = LocalClient("Translator", Replica())
+    with pytest.raises(ServeAppError, match="nope"):
+        asyncio.run(client.call("ours"))
+    with pytest.raises(InternalError, match="Translator failed"):
+        asyncio.run(client.call("boom"))
+
+
+def test_the_builder_binds_no_deployment_for_a_placed_model(monkeypatch):
+    bound = []
+
+    class FakeDeployment:  # binding the real classes would pickle their (test-loop-bound) batch queues
+        def __init__(self, name):
+            self.name = name
+
+        def bind(self, *args):
+            bound.append(self.name)
+            return (self.name, args)
+
+        def options(self, **kwargs):
+            return FakeDeployment(kwargs["name"])
+
+    for name in ("Translator", "Embedder", "JobManager", "CustomModel", "Ingress"):
+        monkeypatch.setattr(f"serve_app.builder.{name}", FakeDeployment(name))
+    _, args = build_app({"embeddings": {"placement": "ingress"}})
+    assert args[0][0] == "Translator" and args[1] is None  # the Ingress gets no Embedder handle
+    assert "Embedder" not in bound
+
+
+def _config(args: dict, deployments: list[dict]) -> dict:
+    return {"applications": [{"name": "a", "import_path": "serve_app.builder:build_app", "route_prefix": "/",
+                              "args": args, "deployments": deployments}]}
+
+
+def test_config_check_refuses_a_deployment_entry_for_a_placed_model():
+    problems = check_config(_config({"translation": {"placement": "ingress"}},
+                                    [{"name": "Translator", "num_replicas": 2}]))
+    assert any("args.translation.placement is 'ingress'" in p and "Translator" in p for p in problems), problems
+
+
+def test_config_check_validates_the_batch_configs_in_the_ingress_user_config():
+    args = {"embeddings": {"placement": "ingress"}}
+    good = [{"name": "Ingress", "user_config": {"Embedder": {"max_batch_size": 64, "batch_wait_timeout_s": 0.01}}}]
+    assert check_config(_config(args, good)) == []
+    bad = [{"name": "Ingress", "user_config": {"Embedder": {"max_batch_size": 0, "batch_wait_timeout_s": 0.01},
+                                                "Translator": {"max_batch_size": 8, "batch_wait_timeout_s": 0.01}}}]
+    problems = check_config(_config(args, bad))
+    assert any("max_batch_size=0" in p for p in problems), problems
+    assert any("'Translator' is not a model placed in the Ingress" in p for p in problems), problems
