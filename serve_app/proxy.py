@@ -20,11 +20,13 @@ before `ray.init` and never overwrite a variable the user set.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import socket
+import tempfile
 from pathlib import Path
-from typing import Mapping, Optional
+from typing import IO, Mapping, Optional
 
 #: Values of `--proxy` / SERVE_APP_PROXY.
 PROXY_CHOICES = ("auto", "haproxy", "python")
@@ -74,6 +76,30 @@ def haproxy_folder_fits(folder: Path) -> bool:
     return len(str(folder)) + _NODE_FOLDER_CHARS + len("/metrics.sock") <= MAX_HAPROXY_SOCKET_PATH
 
 
+#: Where serve-app launchers on this machine claim HAProxy's stats / metrics ports (one lock file
+#: per port). A port is only bound once Ray has started HAProxy, seconds after the launcher chose
+#: it; the claim closes that window between two launchers started at the same moment.
+PORT_CLAIMS_DIR = Path(tempfile.gettempdir()) / "serve-app-ports"
+
+#: The claims this process holds: kept open (so locked) until the process exits, which covers
+#: HAProxy's lifetime (the launcher outlives the Ray cluster it started).
+_HELD_CLAIMS: list[IO] = []
+
+
+def claim_port(port: int) -> Optional[IO]:
+    """An exclusive claim on `port` among serve-app launchers: the open, flock-ed file
+    PORT_CLAIMS_DIR/<port>, or None when another launcher (or another claim of this process)
+    holds it. The lock goes with the file: closing it, or the process exiting, releases it."""
+    PORT_CLAIMS_DIR.mkdir(parents=True, exist_ok=True)
+    claim = open(PORT_CLAIMS_DIR / str(port), "a")  # noqa: SIM115 - held open on purpose
+    try:
+        fcntl.flock(claim, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        claim.close()
+        return None
+    return claim
+
+
 def _port_free(port: int) -> bool:
     with socket.socket() as s:
         try:
@@ -90,9 +116,18 @@ def _free_port() -> int:
 
 
 def _port_for(environ: Mapping[str, str], name: str, default: int) -> dict[str, str]:
+    """Ray's default port when it is free and unclaimed, else a free port; claimed either way."""
     if name in environ:
         return {}
-    return {} if _port_free(default) else {name: str(_free_port())}
+    port = default
+    for _ in range(100):
+        if _port_free(port):
+            claim = claim_port(port)
+            if claim is not None:
+                _HELD_CLAIMS.append(claim)
+                return {} if port == default else {name: str(port)}
+        port = _free_port()
+    raise RuntimeError(f"found no free, unclaimed port for {name} in 100 tries ({PORT_CLAIMS_DIR})")
 
 
 def proxy_environment(choice: str, run_dir: Path, environ: Mapping[str, str] = os.environ,
@@ -106,7 +141,8 @@ def proxy_environment(choice: str, run_dir: Path, environ: Mapping[str, str] = o
       `run_dir` (Ray's defaults are one folder, /tmp/haproxy-serve, for every cluster on the
       machine; a `run_dir` too long for HAProxy's socket paths keeps Ray's). Its stats and
       metrics ports are Ray's defaults unless taken (a second run, or an `haproxy` left over
-      from a killed one, holds them). HAProxy gets no more threads than the machine has cores,
+      from a killed one, holds them) or claimed by another launcher that has not started its
+      HAProxy yet (`claim_port`; this process keeps its claims until it exits). HAProxy gets no more threads than the machine has cores,
       and a stopping Ingress replica stays reachable for LOCAL_DRAINING_PERIOD_S, not Ray's 30 s.
     """
     if choice not in PROXY_CHOICES:

