@@ -43,14 +43,14 @@ class ServeRun:
 
     def __init__(self, workdir: Path, *, args: Optional[dict] = None,
                  deployments: Optional[dict[str, dict]] = None, env: Optional[dict[str, str]] = None,
-                 proxy: Optional[str] = None):
+                 proxy: Optional[str] = None, config: str = "serve_config.yaml"):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.config_path = self.workdir / "serve_config.yaml"
         self.log_path = self.workdir / "serve.log"
-        self.config = self._config(args or {}, deployments or {})
+        self.config = self._config(config, args or {}, deployments or {})
         self.env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1",
                         # Replicas push metrics to Ray's agent every second, not every 10 s.
                         RAY_metrics_report_interval_ms="1000", **(env or {}))
@@ -65,8 +65,9 @@ class ServeRun:
         #: `serve run` (what the integration tests use), or the `make run` launcher
         self.command = [str(Path(sys.executable).with_name("serve")), "run"]
 
-    def _config(self, args: dict, deployments: dict[str, dict]) -> dict:
-        config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
+    def _config(self, name: str, args: dict, deployments: dict[str, dict]) -> dict:
+        """The checked-in config `name` (serve_config.yaml: what `make run` serves) on this run's port."""
+        config = yaml.safe_load((ROOT / name).read_text())
         config["http_options"]["port"] = self.port
         app = config["applications"][0]
         # The tests hurt model computation, and send the same texts again from test to test:
@@ -219,3 +220,15 @@ def deployment_replicas(run: ServeRun, deployment: str) -> tuple[str, list[str]]
     if d is None:
         raise KeyError(f"Serve reports no deployment {deployment!r} in serve-app")
     return d["status"], [r["state"] for r in d["replicas"]]
+
+
+def serve_deploy(run: ServeRun, config: dict) -> float:
+    """`serve deploy` of `config` to this run's cluster (token auth is on in Ray 2.60)."""
+    path = run.workdir / "deploy.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    started = time.monotonic()
+    done = subprocess.run([str(Path(sys.executable).with_name("serve")), "deploy", "-a", dashboard_url(run), str(path)],
+                          cwd=ROOT, env=dict(run.env, RAY_AUTH_MODE="token"), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return time.monotonic() - started

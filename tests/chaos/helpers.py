@@ -9,6 +9,8 @@ from typing import Optional
 
 import httpx
 
+from tests.support import wait_for
+
 SENTENCE = ("The children were playing happily in the garden while their parents prepared dinner "
             "and talked about the long journey they had made across the mountains, number {i}.")
 
@@ -90,3 +92,27 @@ def is_clean_error(o: Outcome, status: int, error_type: Optional[str] = None) ->
     if error_type and o.body["error_type"] != error_type:
         return False
     return status != 503 or "retry-after" in o.headers
+
+
+def under_load(run, change, settled, workers: int = 4) -> tuple[list, float]:
+    """Steady load on `run` (a ServeRun); `change()` once 10 answers came back; stop 20 answers after
+    `settled()` (polled until true, 90 s at most)."""
+    outcomes: list = []
+
+    async def scenario():
+        stop = asyncio.Event()
+        load = asyncio.create_task(steady_load(run.url, stop, outcomes, workers=workers, records=2))
+        while sum(o.status == 200 for o in outcomes) < 10:
+            await asyncio.sleep(0.02)
+        loop = asyncio.get_running_loop()
+        took = await loop.run_in_executor(None, change)
+        await loop.run_in_executor(None, lambda: wait_for(settled, 90, "the change to take effect", 0.2))
+        mark = len(outcomes)
+        while len(outcomes) < mark + 20 and not load.done():
+            await asyncio.sleep(0.05)
+        stop.set()
+        await load
+        return took
+
+    took = asyncio.run(scenario())
+    return outcomes, took

@@ -15,7 +15,7 @@ import time
 
 import httpx
 
-from .harness import deployment_replicas, wait_for
+from .harness import deployment_details, deployment_replicas, wait_for
 from .helpers import Outcome, is_clean_error, post, start_while_computing, translation_body
 
 CALLERS = 16
@@ -55,10 +55,16 @@ def test_translator_killed_mid_batch(chaos_run, figures):
     unavailable = [o for o in outcomes if o.status == 503]
     retries = run.log_tail(10**9)[log_before:].count("replica died during translate; retrying once")
 
-    # Back to full strength: Serve reports as many RUNNING replicas as before and HEALTHY.
+    # Back to full strength: Serve reports HEALTHY and as many RUNNING replicas as before, each one a
+    # live process other than the victim. Counting RUNNING alone is not enough: just after a SIGKILL,
+    # Serve still lists the killed replica as RUNNING until its controller notices.
     def full_strength():
-        st, states = deployment_replicas(run, "Translator")
-        return st == "HEALTHY" and states.count("RUNNING") >= len(before) and victim not in run.replica_pids("Translator")
+        d = deployment_details(run, "Translator")
+        if not d or d["status"] != "HEALTHY":
+            return False
+        running = [r.get("pid") for r in d["replicas"] if r["state"] == "RUNNING"]
+        live = set(run.replica_pids("Translator"))
+        return len(running) >= len(before) and victim not in running and all(pid in live for pid in running)
     wait_for(full_strength, 60, "the Translator deployment back to full strength", interval_s=0.2)
     recovered_s = time.monotonic() - killed_at
     probe = httpx.post(f"{run.url}/translation", json=translation_body(1), timeout=30)

@@ -14,30 +14,14 @@ import asyncio
 import copy
 import os
 import signal
-import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
-from .harness import ROOT, ServeRun, dashboard_url, deployment_details, wait_for
-from .helpers import is_clean_error, steady_load
-
-
-def _deploy(run: ServeRun, config: dict) -> float:
-    """`serve deploy` of `config` to this run's cluster (token auth is on in Ray 2.60)."""
-    path = run.workdir / "deploy.yaml"
-    import yaml
-
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    started = time.monotonic()
-    done = subprocess.run([str(Path(sys.executable).with_name("serve")), "deploy", "-a", dashboard_url(run), str(path)],
-                          cwd=ROOT, env=dict(run.env, RAY_AUTH_MODE="token"), capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return time.monotonic() - started
+from .harness import ServeRun, deployment_details, serve_deploy, wait_for
+from .helpers import is_clean_error, steady_load, under_load
 
 
 def _replica_ids(run: ServeRun, deployment: str) -> set[str]:
@@ -69,29 +53,6 @@ def _settled_replica_ids(run: ServeRun, deployment: str, seen: list, polls: int 
     return last[0] if len(last) == polls and last[0] and all(ids == last[0] for ids in last) else None
 
 
-def _under_load(run: ServeRun, change, settled, workers: int = 4) -> tuple[list, float]:
-    """Steady load; `change()` once 10 answers came back; stop 20 answers after `settled()`."""
-    outcomes: list = []
-
-    async def scenario():
-        stop = asyncio.Event()
-        load = asyncio.create_task(steady_load(run.url, stop, outcomes, workers=workers, records=2))
-        while sum(o.status == 200 for o in outcomes) < 10:
-            await asyncio.sleep(0.02)
-        loop = asyncio.get_running_loop()
-        took = await loop.run_in_executor(None, change)
-        await loop.run_in_executor(None, lambda: wait_for(settled, 90, "the change to take effect", 0.2))
-        mark = len(outcomes)
-        while len(outcomes) < mark + 20 and not load.done():
-            await asyncio.sleep(0.05)
-        stop.set()
-        await load
-        return took
-
-    took = asyncio.run(scenario())
-    return outcomes, took
-
-
 def test_user_config_change_under_load_reconfigures_in_place(chaos_run, figures):
     run = chaos_run
     # Earlier tests on the shared run may have left the Translator scaling (seen through HAProxy,
@@ -109,7 +70,7 @@ def test_user_config_change_under_load_reconfigures_in_place(chaos_run, figures)
         cards = httpx.get(f"{run.url}/v1/models", timeout=10).json()["data"]
         return cards[0]["batching"]["max_batch_size"] == old // 2
 
-    outcomes, took = _under_load(run, lambda: _deploy(run, config), applied)
+    outcomes, took = under_load(run, lambda: serve_deploy(run, config), applied)
     failed = [o for o in outcomes if o.status != 200]
     after = _replica_ids(run, "Translator")
     figures["user_config_update"] = {"requests": len(outcomes), "failed": len(failed),
@@ -134,7 +95,7 @@ def test_app_args_change_rolls_the_ingress_under_load(chaos_run, figures):
         now = _replica_ids(run, "Ingress")
         return bool(now) and not (now & ingress_ids)
 
-    outcomes, took = _under_load(run, lambda: _deploy(run, config), rolled)
+    outcomes, took = under_load(run, lambda: serve_deploy(run, config), rolled)
     failed = [o for o in outcomes if o.status != 200]
     figures["ingress_rolling_update"] = {
         "requests": len(outcomes), "failed": len(failed),
