@@ -13,7 +13,9 @@ so autoscaling does not blur the comparison:
 
 A tree may carry environment variables for its server: `--tree 'no-sharing=.:SERVE_APP_X=1,SERVE_APP_Y=2'`,
 and deployment options merged into its config: `--option 'big=Translator.user_config.max_batch_size=64'`
-(`TREE=DEPLOYMENT.key.path=YAML value`, repeatable; applied after the replica pinning).
+(`TREE=DEPLOYMENT.key.path=YAML value`, repeatable; applied after the replica pinning), and the
+checked-in config it starts from: `--config 'placed=serve_config.placed.yaml'` (the models in the
+Ingress; pin it with `--option 'placed=Ingress.autoscaling_config={min_replicas: 2, max_replicas: 2}'`).
 
 Per tree and workload it prints, as JSON lines: a burst (N one-record requests sent at once:
 when each finished and the model batch it rode in, from the `X-Batch-Records` header), then
@@ -44,14 +46,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def write_config(tree: Path, workload: str, port: int, replicas: int, out: Path,
-                 options: dict | None = None) -> Path:
-    """The bench's serve-app config from `tree`, with the workload's model deployment pinned to
-    `replicas` (autoscaling min = max) and `options` (deployment name -> options) merged in."""
+                 options: dict | None = None, config: str = "serve_config.yaml") -> Path:
+    """The bench's serve-app config from `tree`'s `config`, with the workload's model deployment
+    pinned to `replicas` (autoscaling min = max; a config without that deployment, e.g. with the
+    model placed in the Ingress, is pinned through `options`) and `options` (deployment name ->
+    options) merged in."""
     deployments: dict = {WORKLOADS[workload].deployment: {
         "autoscaling_config": {"min_replicas": replicas, "max_replicas": replicas}}}
     for name, opts in (options or {}).items():
         deep_update(deployments.setdefault(name, {}), opts)
-    return write_serve_app_config(workload, port, out, tree, deployments)
+    return write_serve_app_config(workload, port, out, tree, deployments, config=config)
 
 
 def parse_option(spec: str) -> tuple[str, dict]:
@@ -94,7 +98,7 @@ def parse_tree(spec: str) -> tuple[str, Path, dict]:
 def measure(name: str, tree: Path, extra_env: dict, workload: str, args, scratch: Path) -> list[dict]:
     port = args.port
     config = write_config(tree, workload, port, args.replicas, scratch / f"{name}-{workload}.yaml",
-                          args.tree_options.get(name))
+                          args.tree_options.get(name), args.tree_configs.get(name, "serve_config.yaml"))
     env = dict(os.environ, PYTHONPATH=str(tree), RAY_USAGE_STATS_ENABLED="0", SERVE_APP_DRAIN_TIMEOUT_S="2",
                SERVE_APP_CACHE_ENABLED="false", **extra_env)
     server = Server([str(MAIN_PYTHON), "-m", "serve_app.run", str(config)], env,
@@ -132,6 +136,8 @@ def main() -> None:
                         help="name=path[:ENV=VALUE,...] of a source tree and its server's env (repeat)")
     parser.add_argument("--option", action="append", default=[],
                         help="TREE=Deployment.key.path=value: a deployment option for that tree's config (repeat)")
+    parser.add_argument("--config", action="append", default=[],
+                        help="TREE=FILE: the checked-in config that tree starts from (default serve_config.yaml)")
     parser.add_argument("--workload", action="append", choices=sorted(WORKLOADS), required=True)
     parser.add_argument("--replicas", type=int, default=1, help="model deployment replicas (pinned)")
     parser.add_argument("--burst", type=int, default=32)
@@ -142,6 +148,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="append the rows here too")
     args = parser.parse_args()
     trees = [parse_tree(t) for t in args.tree]
+    args.tree_configs = dict(spec.split("=", 1) for spec in args.config)
     args.tree_options = {}
     for spec in args.option:
         tree, node = parse_option(spec)

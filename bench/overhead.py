@@ -21,6 +21,8 @@ A variant is `LABEL[:KEY=VALUE,...]`; KEY is one of
   Translator.OPTION[.SUB]     a deployment option (Ingress, Translator, Embedder)
   logging_config.FIELD        a top-level key of the Serve config
   app=floor                   serve `bench.floor_app` instead (Serve's own floor: no serve-app code)
+  config=FILE                 start from that checked-in config (serve_config.placed.yaml: the models
+                              in the Ingress, which is then pinned to --replicas like a model)
 Values are YAML (`false`, `64`, `WARNING`). Every variant pins the model deployments to
 --replicas replicas (autoscaling would start replicas mid-measurement).
 
@@ -75,6 +77,8 @@ class Variant:
     env: dict[str, str] = field(default_factory=dict)
     overrides: list[tuple[str, Any]] = field(default_factory=list)
     floor: bool = False
+    #: the checked-in Serve config it starts from (config=serve_config.placed.yaml: models in the Ingress)
+    config: str = "serve_config.yaml"
 
     @classmethod
     def parse(cls, spec: str) -> "Variant":
@@ -88,6 +92,10 @@ class Variant:
                 if raw != "floor":
                     raise SystemExit(f"variant {spec!r}: app={raw!r}; only app=floor exists")
                 variant.floor = True
+            elif key == "config":
+                if not (ROOT / raw).is_file():
+                    raise SystemExit(f"variant {spec!r}: config={raw!r} is not a file of the project")
+                variant.config = raw
             elif key.startswith("env."):
                 variant.env[key[4:]] = raw
             else:
@@ -122,7 +130,9 @@ def pin_replicas(config: dict, replicas: int, translators: Optional[int] = None)
     """Model deployments at exactly `replicas`, the Translator at `translators` (default the same):
     no autoscaling during a measurement."""
     for deployment in config["applications"][0].get("deployments", []):
-        if deployment["name"] in MODEL_DEPLOYMENTS:
+        # An Ingress that autoscales holds the models (placement: ingress): pinned like them.
+        if deployment["name"] in MODEL_DEPLOYMENTS or (deployment["name"] == "Ingress"
+                                                       and "autoscaling_config" in deployment):
             deployment.pop("autoscaling_config", None)
             deployment["num_replicas"] = replicas
             if deployment["name"] == "Translator" and translators:
@@ -153,7 +163,7 @@ def render_config(variant: Variant, port: int, replicas: int, workdir: Path,
             else:
                 apply_override(config, override_key, value)
     else:
-        subprocess.run([sys.executable, "-m", "serve_app.config_check", str(ROOT / "serve_config.yaml"),
+        subprocess.run([sys.executable, "-m", "serve_app.config_check", str(ROOT / variant.config),
                         "--port", str(port), "--write", str(out)], check=True, cwd=ROOT,
                        stdout=subprocess.DEVNULL)
         config = yaml.safe_load(out.read_text())
@@ -411,9 +421,13 @@ def stats_server(gcs_address: str) -> int:
     from ray import serve
 
     ray.init(address=gcs_address, namespace="serve", logging_level="ERROR", log_to_driver=False)
-    handle = serve.get_deployment_handle("Translator", app_name=APP_NAME)
+    if "Translator" in serve.status().applications[APP_NAME].deployments:
+        ask = serve.get_deployment_handle("Translator", app_name=APP_NAME).stats.remote
+    else:  # placed in the (pinned, single) Ingress replica
+        ingress = serve.get_deployment_handle("Ingress", app_name=APP_NAME)
+        ask = lambda: ingress.call_placed.remote("Translator", "stats")  # noqa: E731
     for _ in sys.stdin:
-        print(json.dumps(handle.stats.remote().result(timeout_s=30)), flush=True)
+        print(json.dumps(ask().result(timeout_s=30)), flush=True)
     ray.shutdown()
     return 0
 

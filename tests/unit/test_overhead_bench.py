@@ -53,6 +53,19 @@ def test_pinned_replicas_replace_autoscaling():
     assert deployments["Ingress"]["num_replicas"] == 1  # the ingress is left as configured
 
 
+def test_a_placed_config_variant_pins_the_ingress_that_holds_the_models(tmp_path):
+    variant = overhead.Variant.parse("placed:config=serve_config.placed.yaml")
+    assert variant.config == "serve_config.placed.yaml"
+    with pytest.raises(SystemExit, match="not a file"):
+        overhead.Variant.parse("bad:config=nowhere.yaml")
+    out = overhead.render_config(variant, 8124, 1, tmp_path)
+    import yaml
+
+    deployments = {d["name"]: d for d in yaml.safe_load(out.read_text())["applications"][0]["deployments"]}
+    assert "Translator" not in deployments
+    assert deployments["Ingress"]["num_replicas"] == 1 and "autoscaling_config" not in deployments["Ingress"]
+
+
 def test_floor_config_is_a_valid_serve_config():
     from ray.serve.schema import ServeDeploySchema
 
