@@ -104,26 +104,37 @@ def test_cluster_target_listens_on_all_interfaces():
 
 @pytest.mark.parametrize("profile,target", PAIRS)
 def test_model_deployments_batch_and_autoscale_sensibly(profile, target):
+    from serve_app.config_check import placed_models
+    from serve_app.settings import load_settings
+
     config = sp.serve_config(profile, target)
+    placed = placed_models(load_settings(config["applications"][0]["args"]))
     for name in ("Translator", "Embedder"):
-        dep = _deployment(config, name)
+        # A model placed in the Ingress (cpu-placed) batches and scales with it.
+        dep = _deployment(config, "Ingress" if name in placed else name)
+        batch = dep["user_config"][name] if name in placed else dep["user_config"]
         assert "num_replicas" not in dep, "num_replicas and autoscaling_config exclude each other"
         scaling = dep["autoscaling_config"]
         assert 1 <= scaling["min_replicas"] <= scaling["max_replicas"]
         assert scaling["look_back_period_s"] > 10, "must exceed Serve's 10 s metrics interval"
-        assert dep["max_ongoing_requests"] >= dep["user_config"]["max_batch_size"]
+        assert dep["max_ongoing_requests"] >= batch["max_batch_size"]
         assert scaling["target_ongoing_requests"] < dep["max_ongoing_requests"]
         assert 0 < dep["max_queued_requests"] <= 1024, "the queue must be bounded"
         assert dep["health_check_timeout_s"] >= dep["health_check_period_s"]
 
 
-def test_cpu_profile_fits_two_logical_cpus_at_full_scale():
-    config = sp.serve_config("cpu", "local")
+@pytest.mark.parametrize("profile", ["cpu", "cpu-placed"])
+def test_cpu_profiles_fit_two_logical_cpus_at_full_scale(profile):
+    config = sp.serve_config(profile, "local")
     total = 0.0
     for dep in config["applications"][0]["deployments"]:
         replicas = dep.get("num_replicas") or dep["autoscaling_config"]["max_replicas"]
         total += replicas * dep["ray_actor_options"]["num_cpus"]
     assert total <= 2.0 + 1e-9, f"{total} CPUs at max replicas do not fit a 2-core box"
+
+
+def test_cpu_profile_scales_its_translators_and_keeps_the_settings_default_backend():
+    config = sp.serve_config("cpu", "local")
     assert _deployment(config, "Translator")["autoscaling_config"]["max_replicas"] >= 2
     # the backend is the settings' default, so SERVE_APP_TRANSLATION_BACKEND can change it (args outrank env)
     assert "backend" not in config["applications"][0]["args"]["translation"]
