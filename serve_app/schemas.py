@@ -206,6 +206,9 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     task: Literal["translation", "embeddings", "prediction"]
     deployment: str
+    placement: Literal["deployment", "ingress"] = Field(
+        "deployment", description="`deployment`: the model runs in its own deployment (named in `deployment`); "
+        "`ingress`: inside each Ingress replica (settings `<section>.placement`).")
     backend: str
     language_pairs: Optional[list[str]] = None
     dimensions: Optional[int] = None

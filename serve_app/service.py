@@ -349,9 +349,11 @@ class Service:
         ))
         return [
             {"id": translator["model"], "task": "translation", "deployment": translator["deployment"],
+             "placement": self.settings.translation.placement,
              "backend": translator["backend"], "language_pairs": translator["language_pairs"],
              "batching": translator["batching"], "details": translator["details"]},
             {"id": embedder["model"], "task": "embeddings", "deployment": embedder["deployment"],
+             "placement": self.settings.embeddings.placement,
              "backend": embedder["backend"], "dimensions": embedder["dimensions"],
              "batching": embedder["batching"], "details": embedder["details"]},
         ] + [model.card(info) for model, info in zip(custom, infos)]

@@ -72,6 +72,9 @@ def test_both_models_serve_http_from_inside_the_ingress(placed_ingress):
     assert len(vectors) == 2 and len(vectors[0]) == 384
     ready = client.get("/readyz")
     assert ready.status_code == 200, ready.text
+    cards = {c["deployment"]: c for c in client.get("/v1/models").json()["data"]}
+    assert cards["Translator"]["placement"] == cards["Embedder"]["placement"] == "ingress"
+    assert cards["Translator"]["batching"]["max_batch_size"] == 4  # the Ingress's user_config
 
 
 def test_concurrent_requests_share_model_batches_in_process(placed_ingress, loop):
