@@ -26,10 +26,9 @@ from .settings import AppSettings, load_settings
 def build_app(args: Optional[dict[str, Any]] = None) -> Application:
     settings: AppSettings = load_settings(args)
     # A model with `placement: ingress` has no deployment: each Ingress replica loads it (None here).
-    translator = (Translator.bind(settings.translation.model_dump())
-                  if settings.translation.placement == "deployment" else None)
-    embedder = (Embedder.bind(settings.embeddings.model_dump())
-                if settings.embeddings.placement == "deployment" else None)
+    placed = settings.placed_in_ingress()
+    translator = None if "Translator" in placed else Translator.bind(settings.translation.model_dump())
+    embedder = None if "Embedder" in placed else Embedder.bind(settings.embeddings.model_dump())
     # One deployment per custom model, named `Model.<name>`: its own `deployments:` entry
     # (replicas, autoscaling, batch size) in the Serve config.
     models = {

@@ -74,7 +74,7 @@ def check_config(config: dict[str, Any]) -> list[str]:
         # Each custom model (`args.models`) is its own deployment, `Model.<name>`.
         custom = tuple(deployment_name(spec.name) for spec in settings.models) if settings is not None else ()
         # A model placed in the Ingress (`placement: ingress`) has no deployment of its own.
-        placed = placed_models(settings) if settings is not None else {}
+        placed = settings.placed_in_ingress() if settings is not None else {}
         names = tuple(n for n in DEPLOYMENT_NAMES + custom if n not in placed)
         model_names = tuple(n for n in MODEL_DEPLOYMENTS + custom if n not in placed)
         if settings is not None:
@@ -120,13 +120,6 @@ def check_config(config: dict[str, Any]) -> list[str]:
                         f"{batch.max_batch_size}; a full batch of single-record calls could never form"
                     )
     return problems
-
-
-def placed_models(settings: Any) -> dict[str, str]:
-    """Deployment name -> `args:` section of each model placed in the Ingress (`placement: ingress`)."""
-    sections = {"Translator": settings.translation, "Embedder": settings.embeddings}
-    return {name: ("translation" if name == "Translator" else "embeddings")
-            for name, section in sections.items() if section.placement == "ingress"}
 
 
 def _placed_batch_configs(user_config: Any, placed: dict[str, str], where: str) -> list[str]:

@@ -37,15 +37,10 @@ class PlacedModels:
         from deployments.embedder import Embedder
         from deployments.translator import Translator
 
-        self.clients: dict[str, LocalClient] = {}
-        if settings.translation.placement == "ingress":
-            self.clients["Translator"] = LocalClient(
-                "Translator", Translator.func_or_class(settings.translation.model_dump()))
-        if settings.embeddings.placement == "ingress":
-            self.clients["Embedder"] = LocalClient("Embedder", Embedder.func_or_class(settings.embeddings.model_dump()))
-
-    def __contains__(self, name: str) -> bool:
-        return name in self.clients
+        classes = {"Translator": Translator, "Embedder": Embedder}
+        self.clients: dict[str, LocalClient] = {
+            name: LocalClient(name, classes[name].func_or_class(getattr(settings, section).model_dump()))
+            for name, section in settings.placed_in_ingress().items()}
 
     def names(self) -> list[str]:
         return sorted(self.clients)

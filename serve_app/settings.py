@@ -343,6 +343,10 @@ class CustomModelSpec(BaseModel):
         return self
 
 
+#: The model deployments whose `placement` can be `ingress`: deployment name -> its `args:` section.
+PLACEABLE_MODELS = {"Translator": "translation", "Embedder": "embeddings"}
+
+
 class AppSettings(BaseModel):
     """The `args:` of the application in serve_config.yaml."""
 
@@ -357,6 +361,12 @@ class AppSettings(BaseModel):
         default_factory=list,
         description="Your own models (see examples/iris_classifier.py), each its own deployment and route.",
     )
+
+    def placed_in_ingress(self) -> dict[str, str]:
+        """Deployment name -> `args:` section of each model placed in the Ingress (`placement:
+        ingress`): those have no deployment of their own."""
+        return {name: section for name, section in PLACEABLE_MODELS.items()
+                if getattr(self, section).placement == "ingress"}
 
     @field_validator("models")
     @classmethod

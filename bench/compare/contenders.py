@@ -83,15 +83,16 @@ def write_serve_app_config(workload: str, port: int, out: Path, tree: Path = ROO
     return out
 
 
-def _serve_app_argv(workload: str, port: int, scratch: Path) -> list[str]:
-    config = write_serve_app_config(workload, port, scratch / "serve_config.yaml")
-    return [str(MAIN_PYTHON), "-m", "serve_app.run", str(config)]
+def _serve_app_start(config: str) -> Callable[[str, int, Path], list[str]]:
+    """argv of `make run CONFIG=<config>` for a workload: the launcher on the bench's copy of `config`."""
+    def argv(workload: str, port: int, scratch: Path) -> list[str]:
+        written = write_serve_app_config(workload, port, scratch / config, config=config)
+        return [str(MAIN_PYTHON), "-m", "serve_app.run", str(written)]
+    return argv
 
 
-def _serve_app_placed_argv(workload: str, port: int, scratch: Path) -> list[str]:
-    config = write_serve_app_config(workload, port, scratch / "serve_config.placed.yaml",
-                                    config="serve_config.placed.yaml")
-    return [str(MAIN_PYTHON), "-m", "serve_app.run", str(config)]
+_serve_app_argv = _serve_app_start("serve_config.yaml")
+_serve_app_placed_argv = _serve_app_start("serve_config.placed.yaml")
 
 
 CONTENDERS: tuple[Contender, ...] = (

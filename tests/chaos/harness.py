@@ -214,6 +214,13 @@ def deployment_details(run: ServeRun, deployment: str) -> Optional[dict]:
     return serve_details(run)["applications"].get("serve-app", {}).get("deployments", {}).get(deployment)
 
 
+def running_replica_ids(run: ServeRun, deployment: str) -> set[str]:
+    """Ids of the replicas of `deployment` Serve lists as RUNNING (empty while it is missing)."""
+    # While Serve rebuilds an application (new args) its deployments may be missing briefly.
+    d = deployment_details(run, deployment)
+    return {r["replica_id"] for r in d["replicas"] if r["state"] == "RUNNING"} if d else set()
+
+
 def deployment_replicas(run: ServeRun, deployment: str) -> tuple[str, list[str]]:
     """(deployment status, [state of each replica]) as Serve reports them."""
     d = deployment_details(run, deployment)

@@ -10,13 +10,8 @@ import time
 
 import httpx
 
-from .harness import ServeRun, deployment_details, serve_deploy, serve_details, wait_for
+from .harness import ServeRun, running_replica_ids, serve_deploy, serve_details, wait_for
 from .helpers import translation_body, under_load
-
-
-def _ingress_ids(run: ServeRun) -> set[str]:
-    d = deployment_details(run, "Ingress")
-    return {r["replica_id"] for r in d["replicas"] if r["state"] == "RUNNING"} if d else set()
 
 
 def test_models_placed_in_the_ingress_serve_jobs_metrics_and_reconfigure_in_place(own_run, tmp_path, figures):
@@ -52,7 +47,7 @@ def test_models_placed_in_the_ingress_serve_jobs_metrics_and_reconfigure_in_plac
         assert {("Ingress", "Translator"), ("Ingress", "Embedder")} <= tags, tags
 
         # A batch knob through the Ingress's user_config, under load: in place.
-        ids = wait_for(lambda: _ingress_ids(run) or None, 30, "a RUNNING Ingress")
+        ids = wait_for(lambda: running_replica_ids(run, "Ingress") or None, 30, "a RUNNING Ingress")
         config = copy.deepcopy(run.config)
         ingress = next(d for d in config["applications"][0]["deployments"] if d["name"] == "Ingress")
         old = ingress["user_config"]["Translator"]["max_batch_size"]
@@ -64,7 +59,7 @@ def test_models_placed_in_the_ingress_serve_jobs_metrics_and_reconfigure_in_plac
 
         outcomes, deploy_s = under_load(run, lambda: serve_deploy(run, config), applied)
         failed = [o for o in outcomes if o.status != 200]
-        after = _ingress_ids(run)
+        after = running_replica_ids(run, "Ingress")
         figures["placed_user_config_update"] = {
             "ready_s": round(took, 1), "requests": len(outcomes), "failed": len(failed),
             "serve_deploy_s": round(deploy_s, 1), "ingress_replicas_replaced": len(ids - after),

@@ -20,14 +20,8 @@ import time
 import httpx
 import pytest
 
-from .harness import ServeRun, deployment_details, serve_deploy, wait_for
+from .harness import ServeRun, deployment_details, running_replica_ids, serve_deploy, wait_for
 from .helpers import is_clean_error, steady_load, under_load
-
-
-def _replica_ids(run: ServeRun, deployment: str) -> set[str]:
-    # While Serve rebuilds an application (new args) its deployments may be missing briefly.
-    d = deployment_details(run, deployment)
-    return {r["replica_id"] for r in d["replicas"] if r["state"] == "RUNNING"} if d else set()
 
 
 def _running_at_target(run: ServeRun, deployment: str) -> set[str] | None:
@@ -72,7 +66,7 @@ def test_user_config_change_under_load_reconfigures_in_place(chaos_run, figures)
 
     outcomes, took = under_load(run, lambda: serve_deploy(run, config), applied)
     failed = [o for o in outcomes if o.status != 200]
-    after = _replica_ids(run, "Translator")
+    after = running_replica_ids(run, "Translator")
     figures["user_config_update"] = {"requests": len(outcomes), "failed": len(failed),
                                      "serve_deploy_s": round(took, 1),
                                      "translator_replicas_started_during_update": len(after - ids)}
@@ -87,12 +81,12 @@ def test_user_config_change_under_load_reconfigures_in_place(chaos_run, figures)
 
 def test_app_args_change_rolls_the_ingress_under_load(chaos_run, figures):
     run = chaos_run
-    ingress_ids = _replica_ids(run, "Ingress")
+    ingress_ids = running_replica_ids(run, "Ingress")
     config = copy.deepcopy(run.config)
     config["applications"][0]["args"].setdefault("ingress", {})["model_timeout_s"] = 45.0
 
     def rolled():
-        now = _replica_ids(run, "Ingress")
+        now = running_replica_ids(run, "Ingress")
         return bool(now) and not (now & ingress_ids)
 
     outcomes, took = under_load(run, lambda: serve_deploy(run, config), rolled)

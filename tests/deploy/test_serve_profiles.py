@@ -104,11 +104,10 @@ def test_cluster_target_listens_on_all_interfaces():
 
 @pytest.mark.parametrize("profile,target", PAIRS)
 def test_model_deployments_batch_and_autoscale_sensibly(profile, target):
-    from serve_app.config_check import placed_models
     from serve_app.settings import load_settings
 
     config = sp.serve_config(profile, target)
-    placed = placed_models(load_settings(config["applications"][0]["args"]))
+    placed = load_settings(config["applications"][0]["args"]).placed_in_ingress()
     for name in ("Translator", "Embedder"):
         # A model placed in the Ingress (cpu-placed) batches and scales with it.
         dep = _deployment(config, "Ingress" if name in placed else name)
