@@ -71,12 +71,17 @@ def run_contender(contender: Contender, workload: str, profile: Profile, port: i
             with urllib.request.urlopen(url + contender.info_path, timeout=30) as resp:
                 results["contender_info"][f"{contender.name}/{workload}"] = json.loads(resp.read())
         load.run_closed(targets[1], texts_file, WARMUP_CONCURRENCY, profile.warmup_s)
-        if contender.settle_s:
-            busiest = max(profile.concurrencies_for(workload, profile.records[0]))
-            log(f"{contender.name}: {contender.settle_s:g} s at {busiest} clients for its autoscaler to settle")
-            load.run_closed(targets[profile.records[0]], texts_file, busiest, contender.settle_s)
         load.drain(targets[1])
         for records in profile.records:
+            if contender.settle_s:
+                # Before each request size, not once per workload: the previous size's lighter cells
+                # (and its open-loop cell) last long enough for a downscale, and a replica then
+                # loading its model inside this size's busiest cell would measure the start-up.
+                busiest = max(profile.concurrencies_for(workload, records))
+                log(f"{contender.name}: {contender.settle_s:g} s at {busiest} clients x {records} records "
+                    "for its autoscaler to settle")
+                load.run_closed(targets[records], texts_file, busiest, contender.settle_s)
+                load.drain(targets[records])
             # Busiest first: a contender that scaled up in the warm-up is measured at the load it
             # scaled for before its downscale delay can pass (fewer clients cannot be hurt by it).
             for concurrency in sorted(profile.concurrencies_for(workload, records), reverse=True):

@@ -170,6 +170,49 @@ def test_serve_app_settles_at_the_busiest_load_before_its_cells_and_peers_do_not
     assert set(settle.values()) == {0.0}
 
 
+def test_serve_app_settles_before_each_request_size_at_that_size_s_busiest_load(tmp_path, monkeypatch):
+    """The previous size's light cells last long enough for a downscale: without a settle per size,
+    the 16-record cells of the Marian-sized model measured a replica loading its model."""
+    import dataclasses
+
+    from bench.compare import __main__ as bench_main
+    from bench.compare.contenders import CONTENDERS
+
+    class FakeServer:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def wait_ready(self, url, timeout_s):
+            return 1.0
+
+        def stop(self):
+            pass
+
+    runs = []
+
+    def run_closed(target, texts_file, concurrency, seconds):
+        runs.append((target.records, concurrency, seconds))
+        return {"records_per_s": 10.0 * concurrency, "requests_per_s": 10.0 * concurrency / target.records,
+                "p50_ms": 1.0, "p99_ms": 2.0, "errors": 0}
+
+    monkeypatch.setattr(bench_main, "Server", FakeServer)
+    monkeypatch.setattr(bench_main.load, "run_closed", run_closed)
+    monkeypatch.setattr(bench_main.load, "drain", lambda target: True)
+    monkeypatch.setattr(bench_main.load, "run_open", lambda target, rate, seconds: {"p50_ms": 1.0, "p99_ms": 2.0, "errors": 0})
+    contender = dataclasses.replace(next(c for c in CONTENDERS if c.name == "serve_app"), info_path=None)
+    profile = PROFILES["default"]
+    results = {"cells": [], "failures": [], "contender_info": {}, "startup_s": {}, "wall_s": {}}
+    bench_main.run_contender(contender, "translation-transformers", profile, 9999, tmp_path, tmp_path / "t", results)
+
+    assert results["failures"] == []
+    settles = [(records, clients) for records, clients, seconds in runs if seconds == contender.settle_s]
+    assert settles == [(1, 64), (16, 8)]  # each size's busiest cell, before that size's cells
+    for records, clients in settles:
+        first_cell = next(i for i, run in enumerate(runs) if run[0] == records and run[2] != contender.settle_s
+                          and run[2] != profile.warmup_s)
+        assert runs.index((records, clients, contender.settle_s)) < first_cell
+
+
 def test_serve_app_python_proxy_is_the_same_start_on_serve_s_python_proxy_and_is_not_a_peer(tmp_path):
     from bench.compare.contenders import CONTENDERS
 
