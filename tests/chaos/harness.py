@@ -21,6 +21,7 @@ import httpx
 import yaml
 
 from serve_app.proxy import proxy_environment
+from serve_app.run import lean_serve_environment
 from tests.support import deep_update, metric_sum, scrape, wait_for  # noqa: F401 (re-exported to the chaos tests)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,6 +62,7 @@ class ServeRun:
                                               self.proxy_dir, self.env)
         self.env.update(added)
         self.env.setdefault("RAY_SERVE_ENABLE_HA_PROXY", "1" if self.proxy == "haproxy" else "0")
+        self.env.update(lean_serve_environment(self.env))  # Serve's control-plane ticks, as make run sets them
         self.proc: Optional[subprocess.Popen] = None
         #: `serve run` (what the integration tests use), or the `make run` launcher
         self.command = [str(Path(sys.executable).with_name("serve")), "run"]
