@@ -312,9 +312,10 @@ CPU_PLACED_PROFILE: dict[str, Any] = {
                                        "(as 2 Translators do in cpu). 2 x 0.9 CPU + 2 Model.iris x 0.05 = "
                                        "1.9 of 2 logical CPUs."),
                 "target_ongoing_requests": Why(
-                    16, "HTTP requests in flight per replica, each waiting on its model: 16 one-record "
-                    "requests are half a Translator batch queued behind the one computing, where a "
-                    "second model thread pays."),
+                    4, "HTTP requests in flight per replica. Serve counts requests, not records: with 16, "
+                    "8 clients x 16 records (128 records, 4 full Translator batches) looked like half a "
+                    "replica's load and kept one model thread (Marian-sized model: 9.6 rec/s = 0.45x "
+                    "offline, docs/benchmarks/settle-run). 4 adds the second at 5+ requests of any size."),
                 "upscale_delay_s": 5,
                 "downscale_delay_s": 30,
                 "look_back_period_s": 15,
