@@ -129,10 +129,14 @@ def apply_override(config: dict, key: str, value: Any) -> None:
 def pin_replicas(config: dict, replicas: int, translators: Optional[int] = None) -> None:
     """Model deployments at exactly `replicas`, the Translator at `translators` (default the same):
     no autoscaling during a measurement."""
-    for deployment in config["applications"][0].get("deployments", []):
-        # An Ingress that autoscales holds the models (placement: ingress): pinned like them.
-        if deployment["name"] in MODEL_DEPLOYMENTS or (deployment["name"] == "Ingress"
-                                                       and "autoscaling_config" in deployment):
+    from serve_app.settings import load_settings
+
+    app = config["applications"][0]
+    # Models placed in the Ingress (placement: ingress) have no deployment: the Ingress holds them
+    # and is pinned like them. The same test the builder and config_check make.
+    holds_models = bool(load_settings(app.get("args")).placed_in_ingress())
+    for deployment in app.get("deployments", []):
+        if deployment["name"] in MODEL_DEPLOYMENTS or (holds_models and deployment["name"] == "Ingress"):
             deployment.pop("autoscaling_config", None)
             deployment["num_replicas"] = replicas
             if deployment["name"] == "Translator" and translators:
