@@ -19,7 +19,9 @@ Ingress; pin it with `--option 'placed=Ingress.autoscaling_config={min_replicas:
 
 Per tree and workload it prints, as JSON lines: a burst (N one-record requests sent at once:
 when each finished and the model batch it rode in, from the `X-Batch-Records` header), then
-closed-loop cells (wrk, the `make bench` generator) at each client count.
+closed-loop cells (wrk, the `make bench` generator) at each client count, each with the batches
+the model computed during it (`model_batches`: count, records per batch, model seconds per batch,
+read from the cluster's metrics endpoint; bench/ray_metrics.py).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import yaml
 from bench.compare import load
 from bench.compare.contenders import MAIN_PYTHON, deep_update, write_serve_app_config
 from bench.compare.procs import Server
+from bench import ray_metrics
 from bench.load import POOL
 from bench.overhead import set_path
 from bench.peers.models import WORKLOADS, build_marian_sized
@@ -115,14 +118,21 @@ def measure(name: str, tree: Path, extra_env: dict, workload: str, args, scratch
         options = args.tree_options.get(name, {})
         rows.append({"tree": name, "env": extra_env, "options": options, "workload": workload, "kind": "burst",
                      **asyncio.run(burst(url, route, args.burst))})
+        metrics = ray_metrics.metrics_url(server.proc.pid)
+        model = WORKLOADS[workload].deployment
         for records in args.records:
             target = load.Target(url, route, kind, records, tuple(POOL))
             for clients in args.clients:
                 load.drain(target)
-                cell = load.run_closed(target, texts_file, clients, args.cell_s)
+                cell_run = lambda: load.run_closed(target, texts_file, clients, args.cell_s)  # noqa: E731
+                if metrics:
+                    cell, batches = ray_metrics.batches_between(
+                        metrics, model, cell_run, lambda c: int(c.get("ok", 0)) * records)
+                else:
+                    cell, batches = cell_run(), {"batches": None}
                 rows.append({"tree": name, "env": extra_env, "options": options, "workload": workload, "kind": "closed",
                              "records": records,
-                             "clients": clients, **cell})
+                             "clients": clients, **cell, "model_batches": batches})
         for row in rows:
             print(json.dumps(row), flush=True)
         return rows

@@ -1,0 +1,112 @@
+"""The batches a model computed during a bench cell, read from the cluster's own Prometheus endpoint.
+
+The replicas' `serve_app_batch_records` / `serve_app_model_seconds` histograms (labelled by
+`model`: the deployment, or the model placed in the Ingress) say how many batches ran, of how many
+records, for how long. Ray's agent exports them with a delay (replicas report every few seconds),
+so `batches_between` takes its first reading once the counts have caught up with earlier work and its
+second once they show at least the records the cell answered.
+"""
+
+from __future__ import annotations
+
+import glob
+import time
+import urllib.request
+from pathlib import Path
+from typing import Callable, Optional
+
+
+def metrics_url(launcher_pid: int, timeout_s: float = 30.0) -> Optional[str]:
+    """Ray's metrics endpoint of the cluster the launcher `launcher_pid` started (its session folder is
+    named after that pid), or None if it has none after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for folder in glob.glob(f"/tmp/ray/session_*_{launcher_pid}"):
+            for port_file in glob.glob(str(Path(folder) / "metrics_export_port_*")):
+                port = Path(port_file).read_text().strip()
+                if port:
+                    return f"http://127.0.0.1:{port}/metrics"
+        time.sleep(0.5)
+    return None
+
+
+def parse(text: str) -> dict[tuple[str, tuple], float]:
+    """Prometheus text -> {(name, sorted labels): value}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return samples
+
+
+def scrape(url: str) -> dict[tuple[str, tuple], float]:
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return parse(resp.read().decode())
+
+
+def total(samples: dict, name: str, **labels: str) -> float:
+    """Sum of a metric's samples whose labels include `labels` (Ray may prefix names with `ray_`)."""
+    out = 0.0
+    for (sample_name, sample_labels), value in samples.items():
+        if sample_name in (name, f"ray_{name}") and all(dict(sample_labels).get(k) == v for k, v in labels.items()):
+            out += value
+    return out
+
+
+def batch_figures(before: dict, after: dict, model: str) -> dict:
+    """What `model` computed between two readings: batches, records per batch, model seconds per
+    batch and records per model second (the model's own rate, waits and Serve excluded)."""
+    def delta(name: str) -> float:
+        return total(after, name, model=model) - total(before, name, model=model)
+
+    batches = delta("serve_app_batch_records_count")
+    records = delta("serve_app_batch_records_sum")
+    seconds = delta("serve_app_model_seconds_sum")
+    if batches <= 0:
+        return {"batches": 0}
+    return {"batches": int(batches), "records": int(records),
+            "records_per_batch": round(records / batches, 1),
+            "model_s_per_batch": round(seconds / batches, 3),
+            "model_records_per_s": round(records / seconds, 2) if seconds > 0 else None}
+
+
+#: Ray's core workers report user metrics to the agent every 10 s (`metrics_report_interval_ms`):
+#: a count unchanged for longer than that has caught up with the work done so far.
+REPORT_INTERVAL_S = 10.0
+
+
+def settled_reading(url: str, model: str, quiet_s: float = REPORT_INTERVAL_S + 2, timeout_s: float = 60.0) -> dict:
+    """A reading taken once `model`'s computed-records count has stopped moving for `quiet_s` (the work
+    of earlier cells, warm-ups and bursts is all in it), or after `timeout_s`."""
+    reading = scrape(url)
+    count = total(reading, "serve_app_records_total", model=model)
+    still_since = began = time.monotonic()
+    while time.monotonic() - still_since < quiet_s and time.monotonic() - began < timeout_s:
+        time.sleep(1.0)
+        reading = scrape(url)
+        now = total(reading, "serve_app_records_total", model=model)
+        if now != count:
+            count, still_since = now, time.monotonic()
+    return reading
+
+
+def batches_between(url: str, model: str, run: Callable[[], dict], answered_records: Callable[[dict], int],
+                    timeout_s: float = 45.0) -> tuple[dict, dict]:
+    """Run `run()` (a bench cell) between two readings of `url`: the first once earlier work is all
+    counted (`settled_reading`), the second once the endpoint counts at least
+    `answered_records(cell)` more computed records for `model` (or after `timeout_s`, then
+    `"complete": False`). Returns (the cell, its batch figures)."""
+    before = settled_reading(url, model)
+    cell = run()
+    want = answered_records(cell)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        after = scrape(url)
+        done = total(after, "serve_app_records_total", model=model) - \
+            total(before, "serve_app_records_total", model=model)
+        if done >= want or time.monotonic() > deadline:
+            break
+        time.sleep(1.0)
+    return cell, {**batch_figures(before, after, model), "complete": done >= want}
