@@ -176,3 +176,17 @@ def test_every_ray_container_serves_through_haproxy_as_make_run_does():
             for container in group["template"]["spec"]["containers"]:
                 env = {e["name"]: e.get("value") for e in container.get("env", [])}
                 assert env.get("RAY_SERVE_ENABLE_HA_PROXY") == "1", (name, group.get("groupName", "head"))
+
+
+def test_every_ray_container_gets_the_launchers_control_plane_ticks():
+    """The RayServices slow Serve's timers as `make run` does (serve_app/run.py LEAN_SERVE_TICKS, one
+    source): the controller reads its interval on the head, replicas their export interval on workers."""
+    from serve_app.run import LEAN_SERVE_TICKS
+
+    for name in KUBERAY_FILES:
+        spec = load_yaml(ROOT / name)["spec"]["rayClusterConfig"]
+        for group in [spec["headGroupSpec"], *spec["workerGroupSpecs"]]:
+            for container in group["template"]["spec"]["containers"]:
+                env = {e["name"]: e.get("value") for e in container.get("env", [])}
+                assert {k: env.get(k) for k in LEAN_SERVE_TICKS} == LEAN_SERVE_TICKS, \
+                    (name, group.get("groupName", "head"))
