@@ -126,8 +126,7 @@ def measure(name: str, tree: Path, extra_env: dict, workload: str, args, scratch
                 load.drain(target)
                 cell_run = lambda: load.run_closed(target, texts_file, clients, args.cell_s)  # noqa: E731
                 if metrics:
-                    cell, batches = ray_metrics.batches_between(
-                        metrics, model, cell_run, lambda c: int(c.get("ok", 0)) * records)
+                    cell, batches = ray_metrics.batches_between(metrics, model, cell_run)
                 else:
                     cell, batches = cell_run(), {"batches": None}
                 rows.append({"tree": name, "env": extra_env, "options": options, "workload": workload, "kind": "closed",

@@ -3,8 +3,8 @@
 The replicas' `serve_app_batch_records` / `serve_app_model_seconds` histograms (labelled by
 `model`: the deployment, or the model placed in the Ingress) say how many batches ran, of how many
 records, for how long. Ray's agent exports them with a delay (replicas report every few seconds),
-so `batches_between` takes its first reading once the counts have caught up with earlier work and its
-second once they show at least the records the cell answered.
+so `batches_between` takes each of its two readings once the counts have stopped moving for longer
+than that delay.
 """
 
 from __future__ import annotations
@@ -78,35 +78,28 @@ REPORT_INTERVAL_S = 10.0
 
 
 def settled_reading(url: str, model: str, quiet_s: float = REPORT_INTERVAL_S + 2, timeout_s: float = 60.0) -> dict:
-    """A reading taken once `model`'s computed-records count has stopped moving for `quiet_s` (the work
+    """A reading taken once `model`'s computed-records counts have stopped moving for `quiet_s` (the work
     of earlier cells, warm-ups and bursts is all in it), or after `timeout_s`."""
+    def counts(reading: dict) -> tuple[float, float]:
+        return (total(reading, "serve_app_records_total", model=model),
+                total(reading, "serve_app_batch_records_sum", model=model))
+
     reading = scrape(url)
-    count = total(reading, "serve_app_records_total", model=model)
+    count = counts(reading)
     still_since = began = time.monotonic()
     while time.monotonic() - still_since < quiet_s and time.monotonic() - began < timeout_s:
         time.sleep(1.0)
         reading = scrape(url)
-        now = total(reading, "serve_app_records_total", model=model)
+        now = counts(reading)
         if now != count:
             count, still_since = now, time.monotonic()
     return reading
 
 
-def batches_between(url: str, model: str, run: Callable[[], dict], answered_records: Callable[[dict], int],
-                    timeout_s: float = 45.0) -> tuple[dict, dict]:
-    """Run `run()` (a bench cell) between two readings of `url`: the first once earlier work is all
-    counted (`settled_reading`), the second once the endpoint counts at least
-    `answered_records(cell)` more computed records for `model` (or after `timeout_s`, then
-    `"complete": False`). Returns (the cell, its batch figures)."""
+def batches_between(url: str, model: str, run: Callable[[], dict]) -> tuple[dict, dict]:
+    """Run `run()` (a bench cell) between two settled readings of `url` (`settled_reading`: the work
+    before the cell, then the cell's, all counted). Returns (the cell, `model`'s batch figures over
+    it, the requests still in flight when the cell's load stopped included)."""
     before = settled_reading(url, model)
     cell = run()
-    want = answered_records(cell)
-    deadline = time.monotonic() + timeout_s
-    while True:
-        after = scrape(url)
-        done = total(after, "serve_app_records_total", model=model) - \
-            total(before, "serve_app_records_total", model=model)
-        if done >= want or time.monotonic() > deadline:
-            break
-        time.sleep(1.0)
-    return cell, {**batch_figures(before, after, model), "complete": done >= want}
+    return cell, batch_figures(before, settled_reading(url, model), model)
