@@ -295,22 +295,23 @@ GPU_PROFILE: dict[str, Any] = {
     },
 }
 
-#: cpu with both models placed in the Ingress (`placement: ingress`, serve_app/ingress.py): no
-#: Translator or Embedder deployment; each Ingress replica loads both models and batches their
-#: requests in-process, so a request costs no Ray call between processes. Measured on the 2-core
-#: box against cpu, both through HAProxy (docs/benchmarks/placement.md).
+#: cpu with every model placed in the Ingress (`placement: ingress`, serve_app/ingress.py): no
+#: Translator, Embedder or Model.iris deployment; each Ingress replica loads the models and batches
+#: their requests in-process, so a request costs no Ray call between processes. Measured on the
+#: 2-core box against cpu, both through HAProxy (docs/benchmarks/placement.md).
 CPU_PLACED_PROFILE: dict[str, Any] = {
     "args": {
         "translation": {"placement": Why("ingress", "Loaded by each Ingress replica: no Translator deployment.")},
         "embeddings": {"placement": Why("ingress", "Loaded by each Ingress replica: no Embedder deployment.")},
+        "models": [{**BASE_ARGS["models"][0],
+                    "placement": Why("ingress", "Loaded by each Ingress replica: no Model.iris deployment.")}],
     },
     "deployments": {
         "Ingress": {
             "autoscaling_config": {
                 "min_replicas": 1,
                 "max_replicas": Why(2, "Each replica runs one model thread per model, so 2 use both cores "
-                                       "(as 2 Translators do in cpu). 2 x 0.9 CPU + 2 Model.iris x 0.05 = "
-                                       "1.9 of 2 logical CPUs."),
+                                       "(as 2 Translators do in cpu). 2 x 0.95 CPU = 1.9 of 2 logical CPUs."),
                 "target_ongoing_requests": Why(
                     4, "HTTP requests in flight per replica. Serve counts requests, not records: with 16, "
                     "8 clients x 16 records (128 records, 4 full Translator batches) looked like half a "
@@ -327,14 +328,14 @@ CPU_PLACED_PROFILE: dict[str, Any] = {
             "user_config": {
                 "Translator": CPU_PROFILE["deployments"]["Translator"]["user_config"],
                 "Embedder": CPU_PROFILE["deployments"]["Embedder"]["user_config"],
+                "Model.iris": IRIS_DEPLOYMENT["user_config"],
             },
             "ray_actor_options": {
-                "num_cpus": Why(0.9, "The Ingress's 0.1 + a Translator's 0.6 + an Embedder's 0.2; ceil(0.9) "
-                                     "= 1 model thread per model."),
+                "num_cpus": Why(0.95, "The Ingress's 0.1 + a Translator's 0.6 + an Embedder's 0.2 + a "
+                                      "Model.iris's 0.05; ceil(0.95) = 1 model thread per model."),
             },
         },
         "JobManager": JOB_MANAGER_DEPLOYMENT,
-        "Model.iris": IRIS_DEPLOYMENT,
     },
 }
 

@@ -178,7 +178,7 @@ class JobRunner:
 )
 class JobManager:
     def __init__(self, translator: Optional[DeploymentHandle], embedder: Optional[DeploymentHandle], settings: dict,
-                 models: Optional[dict[str, DeploymentHandle]] = None):
+                 models: Optional[dict[str, Optional[DeploymentHandle]]] = None):
         self.settings = AppSettings.model_validate(settings)
         retry = self.settings.ingress.retry_after_s
         retry_timeout = self.settings.ingress.replica_retry_timeout_s

@@ -30,9 +30,10 @@ def build_app(args: Optional[dict[str, Any]] = None) -> Application:
     translator = None if "Translator" in placed else Translator.bind(settings.translation.model_dump())
     embedder = None if "Embedder" in placed else Embedder.bind(settings.embeddings.model_dump())
     # One deployment per custom model, named `Model.<name>`: its own `deployments:` entry
-    # (replicas, autoscaling, batch size) in the Serve config.
+    # (replicas, autoscaling, batch size) in the Serve config; None for one placed in the Ingress.
     models = {
-        spec.name: CustomModel.options(name=deployment_name(spec.name)).bind(spec.model_dump())
+        spec.name: None if deployment_name(spec.name) in placed
+        else CustomModel.options(name=deployment_name(spec.name)).bind(spec.model_dump())
         for spec in settings.models
     }
     # The job store: one replica that every ingress calls (deployments/job_manager.py).

@@ -34,20 +34,27 @@ class PlacedModels:
     Ingress's `user_config`) sets them."""
 
     def __init__(self, settings: AppSettings):
+        from deployments.custom_model import CustomModel
         from deployments.embedder import Embedder
         from deployments.translator import Translator
 
-        classes = {"Translator": Translator, "Embedder": Embedder}
-        self.clients: dict[str, LocalClient] = {
-            name: LocalClient(name, classes[name].func_or_class(getattr(settings, section).model_dump()))
-            for name, section in settings.placed_in_ingress().items()}
+        placed = settings.placed_in_ingress()
+        self.clients: dict[str, LocalClient] = {}
+        for name, cls, section in (("Translator", Translator, settings.translation),
+                                   ("Embedder", Embedder, settings.embeddings)):
+            if name in placed:
+                self.clients[name] = LocalClient(name, cls.func_or_class(section.model_dump()))
+        for spec in settings.models:  # custom models (`models:`), as their `Model.<name>` replica
+            if deployment_name(spec.name) in placed:
+                self.clients[deployment_name(spec.name)] = LocalClient(
+                    deployment_name(spec.name), CustomModel.func_or_class(spec.model_dump()))
 
     def names(self) -> list[str]:
         return sorted(self.clients)
 
     def reconfigure(self, user_config: Optional[dict]) -> None:
-        """`{Translator: {max_batch_size: 32, ...}, Embedder: {...}}`: each model's batch config, as
-        its own deployment's `user_config` would carry it."""
+        """`{Translator: {max_batch_size: 32, ...}, Embedder: {...}, Model.iris: {...}}`: each model's
+        batch config, as its own deployment's `user_config` would carry it."""
         unknown = sorted(set(user_config or {}) - set(self.clients))
         if unknown:
             raise ValueError(f"Ingress user_config has {unknown!r}, but the models placed in the Ingress are "
@@ -66,7 +73,7 @@ class PlacedModels:
 
 
 def build_service(settings: AppSettings, placed: PlacedModels, translator: Optional[DeploymentHandle],
-                  embedder: Optional[DeploymentHandle], models: Optional[dict[str, DeploymentHandle]] = None,
+                  embedder: Optional[DeploymentHandle], models: Optional[dict[str, Optional[DeploymentHandle]]] = None,
                   jobs: Optional[DeploymentHandle] = None) -> Service:
     """The ingress's Service: a client per model (its deployment's handle, or the model placed here
     when there is no handle), the response cache and the job store's client."""
@@ -83,8 +90,9 @@ def build_service(settings: AppSettings, placed: PlacedModels, translator: Optio
         settings,
         translator=model_client("Translator", translator),
         embedder=model_client("Embedder", embedder),
-        # custom models (`models:`): name -> the client of its deployment `Model.<name>`
-        models={name: handle_client(deployment_name(name), handle) for name, handle in (models or {}).items()},
+        # custom models (`models:`): name -> the client of its deployment `Model.<name>`, or of the
+        # model placed here (no handle)
+        models={name: model_client(deployment_name(name), handle) for name, handle in (models or {}).items()},
         # One cache per ingress replica, in its memory (None when cache.enabled is false).
         cache=ResponseCache.from_settings(settings.cache, observer=CacheMetrics.in_serve()),
         # the JobManager deployment (POST /jobs), None when jobs.enabled is false
@@ -101,7 +109,7 @@ def build_service(settings: AppSettings, placed: PlacedModels, translator: Optio
 @serve.ingress(app)
 class Ingress:
     def __init__(self, translator: Optional[DeploymentHandle], embedder: Optional[DeploymentHandle], settings: dict,
-                 models: Optional[dict[str, DeploymentHandle]] = None, jobs: Optional[DeploymentHandle] = None):
+                 models: Optional[dict[str, Optional[DeploymentHandle]]] = None, jobs: Optional[DeploymentHandle] = None):
         self.settings = AppSettings.model_validate(settings)
         # Models with `placement: ingress` (no deployment of their own, so no handle) load here.
         self.placed = PlacedModels(self.settings)

@@ -343,6 +343,7 @@ class Service:
 
     async def models(self) -> list[dict[str, Any]]:
         custom = list(self.custom_models.values())
+        placement = {spec.name: spec.placement for spec in self.settings.models}
         translator, embedder, *infos = await self._with_deadline(asyncio.gather(
             self.model_info(self.translator, fresh=True), self.model_info(self.embedder, fresh=True),
             *(self.model_info(m.client, fresh=True) for m in custom),
@@ -356,7 +357,7 @@ class Service:
              "placement": self.settings.embeddings.placement,
              "backend": embedder["backend"], "dimensions": embedder["dimensions"],
              "batching": embedder["batching"], "details": embedder["details"]},
-        ] + [model.card(info) for model, info in zip(custom, infos)]
+        ] + [model.card(info, placement[model.name]) for model, info in zip(custom, infos)]
 
 
 @dataclass(frozen=True)
@@ -381,9 +382,9 @@ class CustomModel:
             raise InvalidRequest(describe_validation_errors(errors))
         return items
 
-    def card(self, info: dict) -> dict[str, Any]:
+    def card(self, info: dict, placement: str = "deployment") -> dict[str, Any]:
         """The model's /v1/models entry."""
-        return {"id": self.name, "task": "prediction", "deployment": info["deployment"],
+        return {"id": self.name, "task": "prediction", "deployment": info["deployment"], "placement": placement,
                 "backend": info["backend"], "batching": info["batching"],
                 "details": {"module": info["module"], **info["details"]},
                 "input_schema": self.module.Input.model_json_schema(),

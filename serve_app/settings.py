@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic import SecretStr
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from .custom_models import MODEL_NAME_PATTERN, import_model_module
+from .custom_models import MODEL_NAME_PATTERN, deployment_name, import_model_module
 
 DEFAULT_PORT = 9527
 
@@ -320,7 +320,8 @@ class CustomModelSpec(BaseModel):
     name: str = Field(
         ..., pattern=MODEL_NAME_PATTERN,
         description="The model's URL name (`POST /models/<name>/predict`); its Serve deployment is "
-        "`Model.<name>`, with its own `deployments:` entry (replicas, autoscaling, batch size).",
+        "`Model.<name>`, with its own `deployments:` entry (replicas, autoscaling, batch size), unless "
+        "`placement` is `ingress`.",
     )
     module: str = Field(
         ..., description="Dotted import path of the model module (Input, Output, load, predict), "
@@ -329,6 +330,14 @@ class CustomModelSpec(BaseModel):
     options: dict[str, Any] = Field(
         default_factory=dict,
         description="Keyword arguments of the module's `load()`, checked against its signature.",
+    )
+    placement: Literal["deployment", "ingress"] = Field(
+        "deployment",
+        description="`deployment`: the model runs in its own deployment `Model.<name>`, which scales on its "
+        "own. `ingress`: each Ingress replica loads the model and batches its requests in-process, with no "
+        "call between processes (about half of Serve's CPU per request on 2 cores, "
+        "docs/benchmarks/placement.md); its batch knobs then go in the Ingress's `user_config` under "
+        "`Model.<name>`, and the config must not list a `Model.<name>` deployment. For small CPU models.",
     )
 
     @field_validator("module")
@@ -359,14 +368,19 @@ class AppSettings(BaseModel):
     jobs: JobSettings = Field(default_factory=JobSettings)
     models: list[CustomModelSpec] = Field(
         default_factory=list,
-        description="Your own models (see examples/iris_classifier.py), each its own deployment and route.",
+        description="Your own models (see examples/iris_classifier.py), each with its own route, in its own "
+        "deployment or (`placement: ingress`) in the Ingress.",
     )
 
     def placed_in_ingress(self) -> dict[str, str]:
-        """Deployment name -> `args:` section of each model placed in the Ingress (`placement:
-        ingress`): those have no deployment of their own."""
-        return {name: section for name, section in PLACEABLE_MODELS.items()
-                if getattr(self, section).placement == "ingress"}
+        """Deployment name -> where its `placement` is set in `args:` (`translation`,
+        `models[iris]`), for each model placed in the Ingress (`placement: ingress`): those have no
+        deployment of their own."""
+        placed = {name: section for name, section in PLACEABLE_MODELS.items()
+                  if getattr(self, section).placement == "ingress"}
+        placed.update({deployment_name(spec.name): f"models[{spec.name}]"
+                       for spec in self.models if spec.placement == "ingress"})
+        return placed
 
     @field_validator("models")
     @classmethod

@@ -20,13 +20,16 @@ def test_models_placed_in_the_ingress_serve_jobs_metrics_and_reconfigure_in_plac
         took = run.start()
         apps = serve_details(run)["applications"]
         deployments = set(apps["serve-app"]["deployments"])
-        assert deployments == {"Ingress", "JobManager", "Model.iris"}, deployments
+        assert deployments == {"Ingress", "JobManager"}, deployments
 
         translated = httpx.post(f"{run.url}/translation", json=translation_body(3), timeout=60)
         assert translated.status_code == 200, translated.text
         assert [r["id"] for r in translated.json()["result"]] == ["r0", "r1", "r2"]
         embedded = httpx.post(f"{run.url}/embeddings", json={"input": ["placed", "in the ingress"]}, timeout=60)
         assert embedded.status_code == 200 and len(embedded.json()["data"]) == 2, embedded.text
+        flower = {"sepal_length_cm": 5.1, "sepal_width_cm": 3.5, "petal_length_cm": 1.4, "petal_width_cm": 0.2}
+        predicted = httpx.post(f"{run.url}/models/iris/predict", json={"inputs": [flower]}, timeout=60)
+        assert predicted.status_code == 200 and predicted.json()["outputs"][0]["species"] == "setosa", predicted.text
 
         # Job work: JobManager -> Ingress.call_placed -> the placed model's background queue.
         job = httpx.post(f"{run.url}/jobs", json={"task": "translation", "payload": translation_body(4)["payload"]},
@@ -42,9 +45,9 @@ def test_models_placed_in_the_ingress_serve_jobs_metrics_and_reconfigure_in_plac
             scraped = run.scrape()
             return [labels for (name, labels), value in scraped.items()
                     if name == "ray_serve_app_records_total" and value > 0]
-        series = wait_for(lambda: (lambda s: s if len(s) >= 2 else None)(counted()), 30, "serve_app_records_total")
+        series = wait_for(lambda: (lambda s: s if len(s) >= 3 else None)(counted()), 30, "serve_app_records_total")
         tags = {(dict(labels)["deployment"], dict(labels)["model"]) for labels in series}
-        assert {("Ingress", "Translator"), ("Ingress", "Embedder")} <= tags, tags
+        assert {("Ingress", "Translator"), ("Ingress", "Embedder"), ("Ingress", "Model.iris")} <= tags, tags
 
         # A batch knob through the Ingress's user_config, under load: in place.
         ids = wait_for(lambda: running_replica_ids(run, "Ingress") or None, 30, "a RUNNING Ingress")

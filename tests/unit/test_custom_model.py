@@ -160,15 +160,6 @@ def _no_replica_context(monkeypatch):
                         lambda self: None)
 
 
-@pytest.fixture(scope="module")
-def loop():
-    # @serve.batch keeps one queue per decorated method, bound to the event loop of its
-    # first call: share one loop across this module.
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
-
-
 @pytest.fixture
 def echo(echo_module):
     replica = CustomModelClass({"name": "echo", "module": echo_module, "options": {"scale": 10}})

@@ -142,15 +142,18 @@ def test_local_client_passes_our_errors_and_maps_the_rest():
         asyncio.run(client.call("boom"))
 
 
-def test_the_builder_binds_no_deployment_for_a_placed_model(monkeypatch):
-    bound = []
+@pytest.fixture
+def bound(monkeypatch) -> list[str]:
+    """The builder's deployments replaced by fakes that record what was bound (binding the real
+    classes would pickle their test-loop-bound batch queues); each `bind` returns (name, args)."""
+    names: list[str] = []
 
-    class FakeDeployment:  # binding the real classes would pickle their (test-loop-bound) batch queues
+    class FakeDeployment:
         def __init__(self, name):
             self.name = name
 
         def bind(self, *args):
-            bound.append(self.name)
+            names.append(self.name)
             return (self.name, args)
 
         def options(self, **kwargs):
@@ -158,6 +161,10 @@ def test_the_builder_binds_no_deployment_for_a_placed_model(monkeypatch):
 
     for name in ("Translator", "Embedder", "JobManager", "CustomModel", "Ingress"):
         monkeypatch.setattr(f"serve_app.builder.{name}", FakeDeployment(name))
+    return names
+
+
+def test_the_builder_binds_no_deployment_for_a_placed_model(bound):
     _, args = build_app({"embeddings": {"placement": "ingress"}})
     assert args[0][0] == "Translator" and args[1] is None  # the Ingress gets no Embedder handle
     assert "Embedder" not in bound
@@ -183,3 +190,73 @@ def test_config_check_validates_the_batch_configs_in_the_ingress_user_config():
     problems = check_config(_config(args, bad))
     assert any("max_batch_size=0" in p for p in problems), problems
     assert any("'Translator' is not a model placed in the Ingress" in p for p in problems), problems
+
+
+# --- your own model (`models:`) placed in the Ingress ---------------------------------------------
+
+IRIS_PLACED = {"name": "iris", "module": "examples.iris_classifier", "options": {"seed": 0}, "placement": "ingress"}
+
+
+@pytest.fixture
+def placed_iris(recording_backend, loop):
+    # Everything in the Ingress (the Translator on the recording backend), so /v1/models can ask each.
+    settings = AppSettings.model_validate({
+        "translation": {"placement": "ingress"}, "embeddings": {"placement": "ingress"},
+        "models": [IRIS_PLACED], "cache": {"enabled": False}})
+    ingress = PlacedModels(settings)
+    # No handle for a placed custom model: the builder passes None, as it does for Translator/Embedder.
+    set_service(build_service(settings, ingress, None, None, models={"iris": None}))
+    client = Client(loop)
+    yield ingress, client
+    loop.run_until_complete(client.http.aclose())
+    set_service(None)
+
+
+def test_a_placed_custom_model_serves_its_route_from_inside_the_ingress(placed_iris):
+    from .test_custom_model import SETOSA, VIRGINICA
+
+    ingress, client = placed_iris
+    assert ingress.names() == ["Embedder", "Model.iris", "Translator"]
+    ingress.reconfigure({"Model.iris": {"max_batch_size": 2, "batch_wait_timeout_s": 0.01}})
+    resp = client.post("/models/iris/predict", json={"inputs": [SETOSA, VIRGINICA, SETOSA]})
+    assert resp.status_code == 200, resp.text
+    assert [o["species"] for o in resp.json()["outputs"]] == ["setosa", "virginica", "setosa"]
+    assert int(resp.headers["X-Batch-Records"]) <= 2  # the Ingress's user_config reached it
+    cards = {c["id"]: c for c in client.get("/v1/models").json()["data"]}
+    assert cards["iris"]["placement"] == "ingress" and cards["iris"]["deployment"] == "Model.iris"
+    assert cards["iris"]["batching"]["max_batch_size"] == 2
+
+
+def test_job_work_reaches_a_placed_custom_model_through_the_ingress(placed_iris, loop):
+    from .test_custom_model import SETOSA
+
+    ingress, _ = placed_iris
+
+    class IngressByHandle:
+        async def call(self, method, *args, **kwargs):
+            assert method == "call_placed"
+            return await ingress.call(*args, **kwargs)
+
+    via = ViaIngressClient("Model.iris", IngressByHandle())
+    outputs, _ = loop.run_until_complete(via.call("predict", [SETOSA], background=True))
+    assert outputs[0]["species"] == "setosa"
+
+
+def test_the_builder_binds_no_deployment_for_a_placed_custom_model(bound):
+    other = {"name": "other", "module": "examples.iris_classifier"}
+    _, args = build_app({"models": [IRIS_PLACED, other]})
+    models = args[3]
+    assert models["iris"] is None and models["other"][0] == "Model.other"
+    assert "Model.iris" not in bound and "Model.other" in bound
+    jobs = args[4]
+    assert jobs[0] == "JobManager" and jobs[1][3]["iris"] is None  # job work goes through the Ingress
+
+
+def test_config_check_on_a_placed_custom_model():
+    args = {"models": [IRIS_PLACED]}
+    problems = check_config(_config(args, [{"name": "Model.iris", "num_replicas": 2}]))
+    assert any("args.models[iris].placement is 'ingress'" in p and "Model.iris" in p for p in problems), problems
+    good = [{"name": "Ingress", "user_config": {"Model.iris": {"max_batch_size": 16, "batch_wait_timeout_s": 0.01}}}]
+    assert check_config(_config(args, good)) == []
+    bad = [{"name": "Ingress", "user_config": {"Model.iris": {"max_batch_size": 0, "batch_wait_timeout_s": 0.01}}}]
+    assert any("Model.iris" in p and "max_batch_size=0" in p for p in check_config(_config(args, bad)))
