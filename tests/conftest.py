@@ -9,7 +9,6 @@ already running instead (e.g. `make run` in another terminal).
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -18,6 +17,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from tests.support import register_session_serve, stop_session_serve
 
 ROOT = Path(__file__).resolve().parents[1]
 TEST_MAX_BODY_BYTES = 3_000_000
@@ -75,23 +76,14 @@ def serve_process(tmp_path_factory):
             stderr=subprocess.STDOUT, start_new_session=True,
         )
     url = f"http://127.0.0.1:{port}"
+    # Registered so that chaos tests with runs of their own can stop it first (tests/chaos own_run).
+    register_session_serve(proc)
     try:
         took = _wait_ready(url, proc, log)
         print(f"\nserve-app ready in {took:.1f} s at {url}", file=sys.stderr)
         yield url, log
     finally:
-        if proc.poll() is None:
-            # The launcher only, as `kill PID` would: it drains, then stops Serve and its Ray cluster.
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=90)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        try:  # whatever of its process group outlived it
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        stop_session_serve()
 
 
 @pytest.fixture(scope="session")

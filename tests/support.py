@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import httpx
 
@@ -54,3 +57,33 @@ def deep_update(target: dict, updates: dict) -> None:
             deep_update(target[key], value)
         else:
             target[key] = value
+
+
+#: The session's `python -m serve_app.run` (tests/conftest.py `serve_process`), while it runs.
+_SESSION_SERVE: dict[str, subprocess.Popen] = {}
+
+
+def register_session_serve(proc: subprocess.Popen) -> None:
+    _SESSION_SERVE["proc"] = proc
+
+
+def stop_session_serve() -> Optional[int]:
+    """Stop the session's Serve run if it is running, as `kill PID` would (the launcher drains, then
+    stops Serve and its Ray cluster), then whatever of its process group outlived it. The chaos
+    tests that start Serve runs of their own call it: two clusters on 2 cores starve each other.
+    Idempotent; returns the launcher's exit status, or None if there was none."""
+    proc = _SESSION_SERVE.pop("proc", None)
+    if proc is None:
+        return None
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    return proc.returncode

@@ -15,6 +15,8 @@ import time
 
 import pytest
 
+from tests.support import stop_session_serve
+
 from .harness import ROOT, ServeRun
 
 FIGURES = ROOT / "reports" / "chaos" / "figures.json"
@@ -69,7 +71,10 @@ def chaos_run(tmp_path_factory):
 
 @pytest.fixture
 def own_run():
-    """For a test that starts its own `serve run`: stops the shared one first (one cluster at a time)."""
+    """For a test that starts its own `serve run`: stops the shared one first, and the integration
+    tests' session run when the same pytest command ran them (one cluster at a time; such tests are
+    sorted after every test that uses either)."""
     shared = _SHARED.pop("run", None)
     if shared is not None:
         shared.stop(signal.SIGTERM)
+    stop_session_serve()
