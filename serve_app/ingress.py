@@ -45,9 +45,9 @@ class PlacedModels:
             if name in placed:
                 self.clients[name] = LocalClient(name, cls.func_or_class(section.model_dump()))
         for spec in settings.models:  # custom models (`models:`), as their `Model.<name>` replica
-            if deployment_name(spec.name) in placed:
-                self.clients[deployment_name(spec.name)] = LocalClient(
-                    deployment_name(spec.name), CustomModel.func_or_class(spec.model_dump()))
+            name = deployment_name(spec.name)
+            if name in placed:
+                self.clients[name] = LocalClient(name, CustomModel.func_or_class(spec.model_dump()))
 
     def names(self) -> list[str]:
         return sorted(self.clients)

@@ -343,7 +343,6 @@ class Service:
 
     async def models(self) -> list[dict[str, Any]]:
         custom = list(self.custom_models.values())
-        placement = {spec.name: spec.placement for spec in self.settings.models}
         translator, embedder, *infos = await self._with_deadline(asyncio.gather(
             self.model_info(self.translator, fresh=True), self.model_info(self.embedder, fresh=True),
             *(self.model_info(m.client, fresh=True) for m in custom),
@@ -357,17 +356,20 @@ class Service:
              "placement": self.settings.embeddings.placement,
              "backend": embedder["backend"], "dimensions": embedder["dimensions"],
              "batching": embedder["batching"], "details": embedder["details"]},
-        ] + [model.card(info, placement[model.name]) for model, info in zip(custom, infos)]
+        ] + [model.card(info) for model, info in zip(custom, infos)]
 
 
 @dataclass(frozen=True)
 class CustomModel:
-    """A custom model as the ingress sees it: the client of its deployment and its module,
-    imported for the `Input` / `Output` schemas only (`load` runs in the model's replicas)."""
+    """A custom model as the ingress sees it: the client of its deployment (or of the model placed
+    in this Ingress) and its module, imported for the `Input` / `Output` schemas only (`load` runs
+    where the model runs)."""
 
     name: str
     client: ModelClient
     module: ModelModule
+    #: `deployment` or `ingress` (its `models[].placement`), shown on its /v1/models card
+    placement: str
 
     def validate(self, inputs: list[Any]) -> list[dict]:
         """Each input checked against the module's `Input` (422 quoting every bad field), as the
@@ -382,9 +384,9 @@ class CustomModel:
             raise InvalidRequest(describe_validation_errors(errors))
         return items
 
-    def card(self, info: dict, placement: str = "deployment") -> dict[str, Any]:
+    def card(self, info: dict) -> dict[str, Any]:
         """The model's /v1/models entry."""
-        return {"id": self.name, "task": "prediction", "deployment": info["deployment"], "placement": placement,
+        return {"id": self.name, "task": "prediction", "deployment": info["deployment"], "placement": self.placement,
                 "backend": info["backend"], "batching": info["batching"],
                 "details": {"module": info["module"], **info["details"]},
                 "input_schema": self.module.Input.model_json_schema(),
@@ -395,7 +397,7 @@ def _custom_models(settings: AppSettings, clients: dict[str, ModelClient]) -> di
     missing = [spec.name for spec in settings.models if spec.name not in clients]
     if missing:
         raise ValueError(f"no deployment client for the custom models {missing!r}")
-    return {spec.name: CustomModel(spec.name, clients[spec.name], import_model_module(spec.module))
+    return {spec.name: CustomModel(spec.name, clients[spec.name], import_model_module(spec.module), spec.placement)
             for spec in settings.models}
 
 

@@ -10,6 +10,8 @@ from typing import Any, Callable, Optional
 
 import httpx
 
+from bench import ray_metrics
+
 #: request headers that make the service compute every text even when its response cache
 #: holds the answer: for tests about model computation (batching, cancellation, kills)
 NO_CACHE = {"Cache-Control": "no-cache"}
@@ -29,25 +31,17 @@ def wait_for(condition: Callable[[], Any], timeout_s: float, what: str, interval
 
 def scrape(url: str) -> dict[tuple[str, tuple], float]:
     """A Prometheus endpoint (Ray's metrics port) as {(name, sorted labels): value}."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    samples = {}
-    for family in text_string_to_metric_families(httpx.get(url, timeout=10).text):
-        for s in family.samples:
-            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return samples
+    return ray_metrics.parse(httpx.get(url, timeout=10).text)
 
 
-def metric_sum(samples: dict, name: str, **labels: str) -> float:
-    """Sum of a metric's samples whose labels include `labels` (Ray prefixes names with `ray_`)."""
-    total = 0.0
-    for (sample_name, sample_labels), value in samples.items():
-        if sample_name not in (name, f"ray_{name}"):
-            continue
-        have = dict(sample_labels)
-        if all(have.get(k) == v for k, v in labels.items()):
-            total += value
-    return total
+#: Sum of a metric's samples whose labels include `labels` (Ray prefixes names with `ray_`); the
+#: bench reads the same endpoint with the same function.
+metric_sum = ray_metrics.total
+
+#: Flowers of examples/iris_classifier.py's three species, for the custom-model tests.
+SETOSA = {"sepal_length_cm": 5.1, "sepal_width_cm": 3.5, "petal_length_cm": 1.4, "petal_width_cm": 0.2}
+VERSICOLOR = {"sepal_length_cm": 6.0, "sepal_width_cm": 2.7, "petal_length_cm": 4.2, "petal_width_cm": 1.3}
+VIRGINICA = {"sepal_length_cm": 6.7, "sepal_width_cm": 3.0, "petal_length_cm": 5.2, "petal_width_cm": 2.3}
 
 
 def deep_update(target: dict, updates: dict) -> None:

@@ -10,6 +10,8 @@ import time
 
 import httpx
 
+from tests.support import SETOSA
+
 from .harness import ServeRun, running_replica_ids, serve_deploy, serve_details, wait_for
 from .helpers import translation_body, under_load
 
@@ -27,8 +29,7 @@ def test_models_placed_in_the_ingress_serve_jobs_metrics_and_reconfigure_in_plac
         assert [r["id"] for r in translated.json()["result"]] == ["r0", "r1", "r2"]
         embedded = httpx.post(f"{run.url}/embeddings", json={"input": ["placed", "in the ingress"]}, timeout=60)
         assert embedded.status_code == 200 and len(embedded.json()["data"]) == 2, embedded.text
-        flower = {"sepal_length_cm": 5.1, "sepal_width_cm": 3.5, "petal_length_cm": 1.4, "petal_width_cm": 0.2}
-        predicted = httpx.post(f"{run.url}/models/iris/predict", json={"inputs": [flower]}, timeout=60)
+        predicted = httpx.post(f"{run.url}/models/iris/predict", json={"inputs": [SETOSA]}, timeout=60)
         assert predicted.status_code == 200 and predicted.json()["outputs"][0]["species"] == "setosa", predicted.text
 
         # Job work: JobManager -> Ingress.call_placed -> the placed model's background queue.

@@ -11,9 +11,8 @@ import time
 import httpx
 import pytest
 
-SETOSA = {"sepal_length_cm": 5.1, "sepal_width_cm": 3.5, "petal_length_cm": 1.4, "petal_width_cm": 0.2}
-VERSICOLOR = {"sepal_length_cm": 6.0, "sepal_width_cm": 2.7, "petal_length_cm": 4.2, "petal_width_cm": 1.3}
-VIRGINICA = {"sepal_length_cm": 6.7, "sepal_width_cm": 3.0, "petal_length_cm": 5.2, "petal_width_cm": 2.3}
+from tests.support import SETOSA, VERSICOLOR, VIRGINICA
+
 
 #: concurrent one-flower requests: enough that some must share a model batch
 CONCURRENT_REQUESTS = 64

@@ -23,14 +23,13 @@ from serve_app.config_check import check_config, load_config
 from serve_app.custom_models import deployment_name, import_model_module
 from serve_app.service import Service
 from serve_app.settings import CustomModelSpec, load_settings
+from tests.support import SETOSA, VIRGINICA
 
 from .fakes import FakeEmbedder, FakeTranslator
 
 ROOT = Path(__file__).resolve().parents[2]
 CustomModelClass = CustomModel.func_or_class
 IRIS = {"name": "iris", "module": "examples.iris_classifier"}
-SETOSA = {"sepal_length_cm": 5.1, "sepal_width_cm": 3.5, "petal_length_cm": 1.4, "petal_width_cm": 0.2}
-VIRGINICA = {"sepal_length_cm": 6.7, "sepal_width_cm": 3.0, "petal_length_cm": 5.2, "petal_width_cm": 2.3}
 
 
 # --- a model module made on the fly --------------------------------------------------------

@@ -17,6 +17,7 @@ from serve_app.config_check import check_config
 from serve_app.errors import InternalError, ServeAppError
 from serve_app.ingress import PlacedModels, build_service
 from serve_app.settings import AppSettings
+from tests.support import SETOSA, VIRGINICA
 
 from .test_deployments import RecordingBackend
 
@@ -213,8 +214,6 @@ def placed_iris(recording_backend, loop):
 
 
 def test_a_placed_custom_model_serves_its_route_from_inside_the_ingress(placed_iris):
-    from .test_custom_model import SETOSA, VIRGINICA
-
     ingress, client = placed_iris
     assert ingress.names() == ["Embedder", "Model.iris", "Translator"]
     ingress.reconfigure({"Model.iris": {"max_batch_size": 2, "batch_wait_timeout_s": 0.01}})
@@ -228,8 +227,6 @@ def test_a_placed_custom_model_serves_its_route_from_inside_the_ingress(placed_i
 
 
 def test_job_work_reaches_a_placed_custom_model_through_the_ingress(placed_iris, loop):
-    from .test_custom_model import SETOSA
-
     ingress, _ = placed_iris
 
     class IngressByHandle:
