@@ -132,6 +132,14 @@ async def _probe(target: Target, timeout_s: float) -> bool:
             return False
 
 
-def drain(target: Target, timeout_s: float = REQUEST_TIMEOUT_S) -> bool:
-    """Send one request and wait for it: returns once a backlog left by the last cell is worked off."""
-    return asyncio.run(_probe(target, timeout_s))
+def drain(target: Target, timeout_s: float = REQUEST_TIMEOUT_S, retry_pause_s: float = 1.0) -> bool:
+    """Probe until one request is answered 200, within `timeout_s` in all: returns once a backlog left by
+    the last cell is worked off. One probe is not enough: a server with a request timeout of its own
+    (service_streamer's 20 s) fails the probe while its backlog is still queued, and the next cell
+    would measure that backlog."""
+    deadline = time.monotonic() + timeout_s
+    while (left := deadline - time.monotonic()) > 0:
+        if asyncio.run(_probe(target, left)):
+            return True
+        time.sleep(min(retry_pause_s, max(0.0, deadline - time.monotonic())))
+    return False

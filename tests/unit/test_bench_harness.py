@@ -96,8 +96,39 @@ def test_profiles_override_concurrency_only_where_configured():
     assert default.concurrencies_for("embeddings", 1) == default.concurrencies
     assert 64 in default.concurrencies_for("embeddings", 16)
     assert set(PROFILES["full"].concurrencies) == {1, 8, 32, 64, 128}
+    # The Marian-sized model at 16 records: 8 clients saturate it; more only queue past peers' timeouts.
+    for name in ("default", "full"):
+        assert max(PROFILES[name].concurrencies_for("translation-transformers", 16)) == 8
+        assert 128 in PROFILES["full"].concurrencies_for("translation-transformers", 1)
     for profile in PROFILES.values():
         assert set(profile.cell_s) == set(profile.workloads) == set(profile.open_s)
+
+
+def test_drain_probes_until_the_backlog_is_worked_off(monkeypatch):
+    """A probe that fails (a peer's own request timeout while its backlog is queued) is retried; the
+    drain gives up only at its deadline."""
+    from bench.compare import load
+
+    answers = iter([False, False, True])
+    calls = []
+
+    async def probe(target, timeout_s):
+        calls.append(timeout_s)
+        return next(answers)
+
+    monkeypatch.setattr(load, "_probe", probe)
+    target = Target("http://x", "/embeddings", "embeddings", 1, ("a",))
+    assert load.drain(target, timeout_s=30, retry_pause_s=0) is True
+    assert len(calls) == 3 and all(0 < t <= 30 for t in calls)
+
+    async def never(target, timeout_s):
+        calls.append(timeout_s)
+        return False
+
+    monkeypatch.setattr(load, "_probe", never)
+    calls.clear()
+    assert load.drain(target, timeout_s=0.05, retry_pause_s=0.01) is False
+    assert calls
 
 
 def _results(cells, offline):
