@@ -52,6 +52,31 @@ LOCAL_DRAINING_PERIOD_S = 2.0
 #: compete with the models.
 MAX_HAPROXY_THREADS = 4
 
+#: When HAProxy resends a request to another Ingress replica (`option redispatch 1` in Ray's
+#: template). Ray's default, `conn-failure`, resends only requests that never reached a replica.
+#: `empty-response` also resends those whose replica died before answering a byte (its process
+#: was killed, or a model placed in the Ingress crashed it): the model routes are idempotent, so
+#: with two Ingress replicas a crash costs the clients in flight latency, not an error
+#: (docs/reliability.md section 2). The price: a `POST /jobs` in flight on the dead replica may
+#: be submitted twice (the client sees one job; the other runs and expires unread).
+HAPROXY_RETRY_ON = "conn-failure empty-response"
+
+#: HAProxy can only resend a request it holds whole. Without `option http-buffer-request` it
+#: forwards the headers as soon as they arrive and the body after, and such a request, when its
+#: replica dies, ends in a connection closed without an answer (HAProxy 2.8; measured with two
+#: placed Ingress replicas, one SIGKILLed under 8 clients: 1-3 failed requests in 3 of 5 runs
+#: without it, none in 6 runs with it). Requests over `tune.bufsize` (16 KiB,
+#: RAY_SERVE_HAPROXY_TUNE_BUFSIZE) are still streamed and not resent.
+HAPROXY_BUFFER_REQUEST = "option http-buffer-request"
+
+
+def haproxy_retry_policy() -> str:
+    """The value for RAY_SERVE_HAPROXY_RETRY_ON. Ray 2.60 has no setting for
+    `option http-buffer-request`, and renders this variable verbatim after `retry-on` in its
+    config's `defaults` section, so the option rides on a second line of it
+    (tests/unit/test_proxy.py renders Ray's template with it and has HAProxy check the result)."""
+    return f"{HAPROXY_RETRY_ON}\n    {HAPROXY_BUFFER_REQUEST}"
+
 
 class ProxyChoiceError(ValueError):
     """`--proxy haproxy` was asked for where no HAProxy binary can be found."""
@@ -143,7 +168,8 @@ def proxy_environment(choice: str, run_dir: Path, environ: Mapping[str, str] = o
       metrics ports are Ray's defaults unless taken (a second run, or an `haproxy` left over
       from a killed one, holds them) or claimed by another launcher that has not started its
       HAProxy yet (`claim_port`; this process keeps its claims until it exits). HAProxy gets no more threads than the machine has cores,
-      and a stopping Ingress replica stays reachable for LOCAL_DRAINING_PERIOD_S, not Ray's 30 s.
+      a stopping Ingress replica stays reachable for LOCAL_DRAINING_PERIOD_S, not Ray's 30 s, and
+      a request whose replica died before answering is resent to another (HAPROXY_RETRY_ON).
     """
     if choice not in PROXY_CHOICES:
         raise ProxyChoiceError(f"proxy {choice!r} is not one of {', '.join(PROXY_CHOICES)}")
@@ -167,6 +193,7 @@ def proxy_environment(choice: str, run_dir: Path, environ: Mapping[str, str] = o
         "RAY_SERVE_ENABLE_HA_PROXY": "1",
         "RAY_SERVE_HAPROXY_NBTHREAD": str(max(1, min(MAX_HAPROXY_THREADS, cpu_count or os.cpu_count() or 1))),
         "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": f"{LOCAL_DRAINING_PERIOD_S:g}",
+        "RAY_SERVE_HAPROXY_RETRY_ON": haproxy_retry_policy(),
     }
     if haproxy_folder_fits(run_dir):
         wanted.update({

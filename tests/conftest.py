@@ -61,7 +61,7 @@ def serve_process(tmp_path_factory):
     config, log = work / "serve_config.yaml", work / "serve.log"
     port = _free_port()
     subprocess.run(
-        [sys.executable, "-m", "serve_app.config_check", str(ROOT / "serve_config.yaml"),
+        [sys.executable, "-m", "serve_app.config_check", str(ROOT / os.environ.get("SERVE_APP_TEST_CONFIG", "serve_config.yaml")),
          "--port", str(port), "--write", str(config)],
         check=True, cwd=ROOT,
     )

@@ -241,3 +241,46 @@ def serve_deploy(run: ServeRun, config: dict) -> float:
                           timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     return time.monotonic() - started
+
+
+class HAProxyLog:
+    """HAProxy's log lines, received as syslog over UDP: pass `env` to a ServeRun
+    (RAY_SERVE_HAPROXY_LOG_TARGET; Ray's default target, 127.0.0.1:514, has no listener)."""
+
+    def __init__(self):
+        import socket
+        import threading
+
+        self.lines: list[str] = []
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self._sock.bind(("127.0.0.1", 0))
+        self.env = {"RAY_SERVE_HAPROXY_LOG_TARGET": f"127.0.0.1:{self._sock.getsockname()[1]}"}
+        threading.Thread(target=self._receive, daemon=True).start()
+
+    def _receive(self) -> None:
+        while True:
+            try:
+                data = self._sock.recv(65535)
+            except OSError:  # closed
+                return
+            self.lines.append(data.decode(errors="replace"))
+
+    def requests(self, path: str) -> list[dict]:
+        """The logged requests to `path` (HAProxy's `option httplog` format): accept time (epoch s),
+        server, status and retries (`+N`: N of them went to another server)."""
+        import re
+        from datetime import datetime
+
+        found = []
+        pattern = re.compile(r"\[(\d+/\w+/\d+:\d+:\d+:\d+\.\d+)\] \S+ (\S+) \S+ (-?\d+) .* \d+/\d+/\d+/\d+/(\+?)(\d+) "
+                             r"\d+/\d+ \"\w+ " + re.escape(path) + " ")
+        for line in list(self.lines):
+            m = pattern.search(line)
+            if m:
+                accepted = datetime.strptime(m.group(1), "%d/%b/%Y:%H:%M:%S.%f").timestamp()
+                found.append({"accepted": accepted, "server": m.group(2), "status": int(m.group(3)),
+                              "retries": int(m.group(5)), "redispatched": m.group(4) == "+"})
+        return found
+
+    def close(self) -> None:
+        self._sock.close()

@@ -169,6 +169,8 @@ def test_the_two_rayservices_share_their_head_group():
 def test_every_ray_container_serves_through_haproxy_as_make_run_does():
     """The proxy `make run` picks where a binary exists (serve_app/proxy.py), on every Ray pod: Ray's
     HAProxy mode must be set on all nodes before Ray starts."""
+    from serve_app.proxy import haproxy_retry_policy
+
     for name in KUBERAY_FILES:
         spec = load_yaml(ROOT / name)["spec"]["rayClusterConfig"]
         groups = [spec["headGroupSpec"], *spec["workerGroupSpecs"]]
@@ -176,6 +178,8 @@ def test_every_ray_container_serves_through_haproxy_as_make_run_does():
             for container in group["template"]["spec"]["containers"]:
                 env = {e["name"]: e.get("value") for e in container.get("env", [])}
                 assert env.get("RAY_SERVE_ENABLE_HA_PROXY") == "1", (name, group.get("groupName", "head"))
+                # ... with the launcher's retry policy (one source).
+                assert env.get("RAY_SERVE_HAPROXY_RETRY_ON") == haproxy_retry_policy(), (name, group.get("groupName", "head"))
 
 
 def test_every_ray_container_gets_the_launchers_control_plane_ticks():

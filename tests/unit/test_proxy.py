@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,8 @@ def test_auto_uses_haproxy_when_a_binary_is_found_and_isolates_the_run(tmp_path,
     assert added["RAY_SERVE_HAPROXY_NBTHREAD"] == "2"
     # One node: HAProxy beside the replicas learns of a stopping one at once (Ray's 30 s is for remote LBs).
     assert added["RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"] == "2"
+    # A request whose Ingress replica died before answering goes to another one (the routes are idempotent).
+    assert added["RAY_SERVE_HAPROXY_RETRY_ON"] == proxy.haproxy_retry_policy()
 
 
 def test_auto_falls_back_to_the_python_proxy_without_a_binary(tmp_path, no_bundled_haproxy):
@@ -155,3 +158,34 @@ def test_a_claim_is_exclusive_until_its_file_is_closed():
     again = proxy.claim_port(1)
     assert again is not None
     again.close()
+
+
+def test_the_retry_policy_renders_into_rays_haproxy_config_and_haproxy_accepts_it(tmp_path):
+    """RAY_SERVE_HAPROXY_RETRY_ON carries `option http-buffer-request` on a second line: Ray's own
+    template must still render it into the `defaults` section, and HAProxy must accept the result."""
+    jinja2 = pytest.importorskip("jinja2")
+    haproxy_module = pytest.importorskip("ray.serve._private.haproxy")
+    from ray.serve._private.haproxy_templates import HAPROXY_CONFIG_TEMPLATE
+
+    cfg = haproxy_module.HAProxyConfig(retry_on=proxy.haproxy_retry_policy())
+    env = jinja2.Environment()
+    env.filters["haproxy_fmt"] = haproxy_module._haproxy_fmt_literal
+    rendered = env.from_string(HAPROXY_CONFIG_TEMPLATE).render({
+        "config": cfg, "backends": [], "grpc_backends": [], "backends_with_health_config": [],
+        "grpc_backends_with_health_config": [], "healthz_rules": "", "grpc_healthz_rules": "",
+        "route_info": cfg.build_health_route_info([]), "has_ingress_request_router": False,
+        "multiplexed_model_id_headers": (), "metrics_enabled": False,
+        "metrics_socket_path": cfg.metrics_socket_path}) + "\n"
+    defaults = rendered.split("\ndefaults\n", 1)[1].split("\nfrontend ", 1)[0]
+    lines = [line.strip() for line in defaults.splitlines()]
+    assert "retry-on conn-failure empty-response" in lines
+    assert "option http-buffer-request" in lines
+    assert "option redispatch 1" in lines  # resent to another replica, not the dead one
+
+    binary = proxy.haproxy_binary()
+    if binary is None:
+        pytest.skip("no HAProxy binary to check the rendered config with")
+    path = tmp_path / "haproxy.cfg"
+    path.write_text(rendered)
+    checked = subprocess.run([binary, "-c", "-f", str(path)], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
