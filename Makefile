@@ -2,8 +2,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 PORT ?= 9527
-# The Serve config `make run` serves: serve_config.placed.yaml puts both models in the Ingress.
-CONFIG ?= serve_config.yaml
+# The Serve config `make run` serves: serve_config.placed.yaml runs the models inside the Ingress
+# replicas (the fastest start on one machine); serve_config.yaml gives each model a deployment of its own.
+CONFIG ?= serve_config.placed.yaml
 BIN := $(VENV)/bin
 # torch first, from the CPU wheel: a bare `torch` requirement would pull a multi-GB CUDA build.
 TORCH_SPEC ?= torch==2.13.0
@@ -31,7 +32,7 @@ install-test: $(VENV)/.installed-test
 
 ## Serve on 127.0.0.1:$(PORT) with the embedded models. Ctrl-C (or SIGTERM) stops it
 ## gracefully: new requests get 503 + Retry-After, admitted ones finish, then Serve stops.
-## `serve run serve_config.yaml` works too, but stops without draining.
+## `serve run serve_config.placed.yaml` works too, but stops without draining.
 run: install
 ifeq ($(PORT),9527)
 	$(BIN)/python -m serve_app.config_check $(CONFIG)

@@ -1,6 +1,7 @@
 """Shared fixtures. `serve_url` starts Serve once per session, as users do: `make run`'s
 launcher (`python -m serve_app.run`, which also picks the HTTP proxy: SERVE_APP_PROXY) on the
-checked-in serve_config.yaml (port changed to a free one).
+checked-in config `make run` serves, MAKE_RUN_CONFIG (port changed to a free one;
+SERVE_APP_TEST_CONFIG=serve_config.yaml runs them on another).
 
 Set SERVE_APP_TEST_URL to run the integration tests against a service that is
 already running instead (e.g. `make run` in another terminal).
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support import register_session_serve, stop_session_serve
+from tests.support import MAKE_RUN_CONFIG, register_session_serve, stop_session_serve
 
 ROOT = Path(__file__).resolve().parents[1]
 TEST_MAX_BODY_BYTES = 3_000_000
@@ -61,7 +62,7 @@ def serve_process(tmp_path_factory):
     config, log = work / "serve_config.yaml", work / "serve.log"
     port = _free_port()
     subprocess.run(
-        [sys.executable, "-m", "serve_app.config_check", str(ROOT / os.environ.get("SERVE_APP_TEST_CONFIG", "serve_config.yaml")),
+        [sys.executable, "-m", "serve_app.config_check", str(ROOT / os.environ.get("SERVE_APP_TEST_CONFIG", MAKE_RUN_CONFIG)),
          "--port", str(port), "--write", str(config)],
         check=True, cwd=ROOT,
     )

@@ -38,6 +38,10 @@ def scrape(url: str) -> dict[tuple[str, tuple], float]:
 #: bench reads the same endpoint with the same function.
 metric_sum = ray_metrics.total
 
+#: The checked-in Serve config `make run` serves (the Makefile's `CONFIG ?=`; tests/unit/test_readme.py
+#: keeps the two equal).
+MAKE_RUN_CONFIG = "serve_config.placed.yaml"
+
 #: Flowers of examples/iris_classifier.py's three species, for the custom-model tests.
 SETOSA = {"sepal_length_cm": 5.1, "sepal_width_cm": 3.5, "petal_length_cm": 1.4, "petal_width_cm": 0.2}
 VERSICOLOR = {"sepal_length_cm": 6.0, "sepal_width_cm": 2.7, "petal_length_cm": 4.2, "petal_width_cm": 1.3}

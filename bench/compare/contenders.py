@@ -63,7 +63,7 @@ def _import_missing(module: str) -> Callable[[], str | None]:
 
 def write_serve_app_config(workload: str, port: int, out: Path, tree: Path = ROOT,
                            deployments: dict | None = None, config: str = "serve_config.yaml") -> Path:
-    """`tree`'s `config` (serve_config.yaml: what `make run` serves) with the bench port, the
+    """`tree`'s `config` (serve_config.yaml, or serve_config.placed.yaml: what `make run` serves) with the bench port, the
     workload's model args and `deployments` (name -> options merged in), checked by `tree`'s own
     config_check as `make run` does."""
     check = [str(MAIN_PYTHON), "-m", "serve_app.config_check"]
@@ -105,17 +105,19 @@ CONTENDERS: tuple[Contender, ...] = (
                                     "BENTOML_HOME": str(ROOT / ".bench-venvs" / "bentoml-home")}),
     # Its autoscaler (cpu profile: upscale_delay_s 5 on a 15 s look-back) adds replicas within
     # ~20-40 s of sustained load, each loading its model: 45 s of warm-up lets that settle.
-    # As `make run` starts it: HAProxy in front where a binary exists (serve_app/proxy.py).
-    Contender("serve_app", "serve-app (this project)", _serve_app_argv, info_path="/v1/models",
+    # `make run CONFIG=serve_config.yaml` (until 2026-11-23 what `make run` served; the name is kept so
+    # results stay comparable): each model in a deployment of its own, behind the Ingress. HAProxy in
+    # front where a binary exists (serve_app/proxy.py).
+    Contender("serve_app", "serve-app, models in deployments (serve_config.yaml)", _serve_app_argv, info_path="/v1/models",
               env=lambda workload: {"SERVE_APP_DRAIN_TIMEOUT_S": "2"}, settle_s=45.0),
     # The same start with `--proxy python` (SERVE_APP_PROXY=python): Serve's Python proxy, which turns each
     # HTTP request into an actor call to the Ingress replica; the default where no HAProxy binary exists.
     Contender("serve_app_python_proxy", "serve-app, Python proxy (--proxy python)", _serve_app_argv,
               info_path="/v1/models", env=lambda workload: {"SERVE_APP_DRAIN_TIMEOUT_S": "2", "SERVE_APP_PROXY": "python"},
               settle_s=45.0),
-    # `make run CONFIG=serve_config.placed.yaml`: both models inside the Ingress (placement: ingress), so a
-    # request crosses no Ray call between processes; the Ingress autoscales to 2 like the models of cpu.
-    Contender("serve_app_placed", "serve-app, models in the Ingress (serve_config.placed.yaml)",
+    # `make run` (serve_config.placed.yaml): every model inside the Ingress (placement: ingress), so a
+    # request crosses no Ray call between processes; two Ingress replicas (one before 2026-11-23, autoscaled to 2).
+    Contender("serve_app_placed", "serve-app as `make run` starts it (serve_config.placed.yaml)",
               _serve_app_placed_argv, info_path="/v1/models", env=lambda workload: {"SERVE_APP_DRAIN_TIMEOUT_S": "2"},
               settle_s=45.0),
 )

@@ -1,4 +1,5 @@
-"""A `serve run` of serve_config.yaml that a chaos test owns: started with overrides, observed
+"""A `serve run` of a checked-in config (serve_config.yaml unless told: the models in deployments of
+their own, whose failure isolation most chaos tests measure) that a chaos test owns: started with overrides, observed
 (replica PIDs, Ray's metrics port, logs), hurt (SIGKILL a replica, SIGTERM the whole run) and
 stopped. Several Ray clusters may share the machine (other people's runs): everything here is
 scoped to this run's own session (its Ray processes share the session id of `serve run`).
@@ -68,7 +69,7 @@ class ServeRun:
         self.command = [str(Path(sys.executable).with_name("serve")), "run"]
 
     def _config(self, name: str, args: dict, deployments: dict[str, dict]) -> dict:
-        """The checked-in config `name` (serve_config.yaml: what `make run` serves) on this run's port."""
+        """The checked-in config `name` on this run's port."""
         config = yaml.safe_load((ROOT / name).read_text())
         config["http_options"]["port"] = self.port
         app = config["applications"][0]

@@ -83,11 +83,12 @@ def test_ingress_killed_under_load(chaos_run, figures):
 
 
 def test_a_placed_ingress_killed_under_load_loses_no_request(own_run, tmp_path, figures):
-    """With the models in the Ingress (serve_config.placed.yaml) a model that crashes takes its
+    """With the models in the Ingress (serve_config.placed.yaml, what `make run` serves) a model that crashes takes its
     Ingress replica down. With two Ingress replicas, HAProxy resends the requests the dead one held
     to the other (serve_app/proxy.py haproxy_retry_policy): no client
     sees the crash but as latency."""
     log = HAProxyLog()
+    # Two Ingress replicas, as the autoscaler runs them under load (or min_replicas: 2 at any load).
     run = ServeRun(tmp_path / "placed-kill", config="serve_config.placed.yaml", env=log.env,
                    deployments={"Ingress": {"autoscaling_config": {"min_replicas": 2, "max_replicas": 2}}})
     if run.proxy != "haproxy":

@@ -68,16 +68,18 @@ def _metrics_url(log: Path) -> str:
     return f"http://127.0.0.1:{Path(files[0]).read_text().strip()}/metrics"
 
 
+# A model's own metrics carry `model` = its deployment's name, wherever it runs: in that
+# deployment, or placed in the Ingress (then `deployment` is "Ingress").
 WATCHED = [
     ("serve_app_requests_total", {"route": "/translation", "status": "200"}),
     ("serve_app_errors_total", {"route": "/translation", "error_type": "invalid_request"}),
     ("serve_app_request_seconds_count", {"route": "/translation"}),
-    ("serve_app_records_total", {"deployment": "Translator"}),
-    ("serve_app_records_enqueued_total", {"deployment": "Translator"}),
-    ("serve_app_batch_records_count", {"deployment": "Translator"}),
-    ("serve_app_model_seconds_count", {"deployment": "Translator"}),
-    ("serve_app_queue_wait_seconds_count", {"deployment": "Translator"}),
-    ("serve_app_records_total", {"deployment": "Embedder"}),
+    ("serve_app_records_total", {"model": "Translator"}),
+    ("serve_app_records_enqueued_total", {"model": "Translator"}),
+    ("serve_app_batch_records_count", {"model": "Translator"}),
+    ("serve_app_model_seconds_count", {"model": "Translator"}),
+    ("serve_app_queue_wait_seconds_count", {"model": "Translator"}),
+    ("serve_app_records_total", {"model": "Embedder"}),
 ]
 
 
@@ -97,6 +99,6 @@ def test_metrics_move_after_requests(serve_url, serve_log):
 
     # Replicas push metrics to Ray's agent every 10 s by default.
     now = wait_for(moved, 60, "every serve_app metric to move", interval_s=1)
-    assert metric_sum(now, "serve_app_records_total", deployment="Translator") - \
-        metric_sum(before, "serve_app_records_total", deployment="Translator") >= 6
+    assert metric_sum(now, "serve_app_records_total", model="Translator") - \
+        metric_sum(before, "serve_app_records_total", model="Translator") >= 6
     assert metric_sum(now, "serve_app_request_seconds_bucket", route="/translation", le="+Inf") >= 3

@@ -20,3 +20,10 @@ def test_readme_names_the_two_commands_and_ci_runs_the_test_one():
     readme = (ROOT / "README.md").read_text()
     assert "make run" in readme and "make test" in readme
     assert "make test" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_the_integration_tests_serve_what_make_run_serves():
+    from tests.support import MAKE_RUN_CONFIG
+
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    assert re.search(r"^CONFIG \?= (\S+)", makefile, flags=re.M)[1] == MAKE_RUN_CONFIG
