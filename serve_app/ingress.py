@@ -138,5 +138,7 @@ class Ingress:
         calls this on Ctrl-C / SIGTERM before it shuts Serve down."""
         # Through the module: this class is pickled by value, a global would be a copy.
         result = await middleware.DRAIN.drain(timeout_s)
+        # The launcher calls every replica this way, and counts them by this id.
+        result["replica"] = serve.get_replica_context().replica_id.unique_id
         logger.info("Ingress drained: %s", result)
         return result

@@ -4,7 +4,7 @@
 stop together and requests in flight lose their connection (measured: 5 of 8 in flight
 cut off on SIGTERM, 8 of 8 on SIGINT). This launcher starts the local Ray cluster
 itself, runs `serve run --address <it>` as a child (same config, same logs), and on
-Ctrl-C / SIGTERM first drains each application's Ingress (new model requests get
+Ctrl-C / SIGTERM first drains each application's Ingress, every replica of it (new model requests get
 `503 shutting_down` + Retry-After, /readyz turns 503, admitted requests finish, up to
 --drain-timeout-s), then shuts Serve and Ray down. `make run` uses it.
 
@@ -23,6 +23,7 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
+from typing import Any, Callable
 
 import yaml
 
@@ -63,14 +64,47 @@ def _app_names(config_path: str) -> list[str]:
     return [app.get("name", "default") for app in config.get("applications") or []]
 
 
+#: Rounds of drain calls before the launcher gives up on reaching a replica it has not heard from.
+DRAIN_ROUNDS = 5
+
+
+def drain_every_replica(call_drain: Callable[[], Any], replicas: int, timeout_s: float,
+                        rounds: int = DRAIN_ROUNDS) -> dict[str, dict]:
+    """Drain each of an Ingress's `replicas` replicas; {replica id: its drain result}.
+
+    A handle call reaches one replica, chosen by Serve's router. So each round sends as many
+    `drain` calls at once as there are replicas (a replica busy with one is less likely to be
+    picked for the next) until every replica has answered. A replica answers a repeated call at
+    once: it is already draining and has nothing in flight. `call_drain()` returns a response
+    with `.result(timeout_s=...)`."""
+    drained: dict[str, dict] = {}
+    for _ in range(rounds):
+        responses = [call_drain() for _ in range(max(1, replicas))]
+        for response in responses:
+            result = response.result(timeout_s=timeout_s + 10)
+            drained.setdefault(str(result.get("replica", "?")), result)
+        if len(drained) >= replicas:
+            break
+    return drained
+
+
+def _running_replicas(app_name: str, deployment: str = "Ingress") -> int:
+    from ray import serve
+
+    status = serve.status().applications[app_name].deployments[deployment]
+    return int(status.replica_states.get("RUNNING", 0))
+
+
 def _drain(app_names: list[str], timeout_s: float) -> None:
     from ray import serve
 
     for name in app_names:
         try:
             handle = serve.get_deployment_handle("Ingress", app_name=name)
-            result = handle.drain.remote(timeout_s).result(timeout_s=timeout_s + 10)
-            _say(f"serve-app: drained {name!r}: {result}")
+            replicas = _running_replicas(name)
+            drained = drain_every_replica(lambda: handle.drain.remote(timeout_s), replicas, timeout_s)
+            _say(f"serve-app: drained {len(drained)} of {replicas} Ingress replica(s) of {name!r}: "
+                 f"{list(drained.values())}")
         except Exception as exc:  # a failed drain must not prevent the shutdown
             _say(f"serve-app: could not drain {name!r} ({exc!r}); stopping anyway")
 

@@ -13,12 +13,15 @@ from __future__ import annotations
 import asyncio
 import copy
 import os
+import re
 import signal
 import sys
 import time
 
 import httpx
 import pytest
+
+from tests.support import MAKE_RUN_CONFIG
 
 from .harness import ServeRun, deployment_details, running_replica_ids, serve_deploy, wait_for
 from .helpers import is_clean_error, steady_load, under_load
@@ -100,11 +103,14 @@ def test_app_args_change_rolls_the_ingress_under_load(chaos_run, figures):
     assert failed == [], [(o.status, o.error, o.body) for o in failed]
 
 
-def _stop_under_load(run: ServeRun, sig: int, wait_s: float) -> tuple[list, float]:
-    """Start `run`, put 8 clients of 4-record requests on it, send `sig` to its main process
-    only (as `kill PID` or Ctrl-C in its terminal would) once 10 requests succeeded, and wait
-    for it to exit. Returns the requests in flight at the signal and the seconds to exit."""
+def _stop_under_load(run: ServeRun, sig: int, wait_s: float, ingress_replicas: int = 1) -> tuple[list, float]:
+    """Start `run` (and wait for `ingress_replicas` RUNNING Ingress replicas), put 8 clients of
+    4-record requests on it, send `sig` to its main process only (as `kill PID` or Ctrl-C in its
+    terminal would) once 10 requests succeeded, and wait for it to exit. Returns the requests in
+    flight at the signal and the seconds to exit."""
     run.start()
+    wait_for(lambda: len(running_replica_ids(run, "Ingress")) >= ingress_replicas, 120,
+             f"{ingress_replicas} RUNNING Ingress replica(s)", 0.5)
     outcomes: list = []
     try:
         async def scenario():
@@ -153,15 +159,20 @@ def test_stopping_serve_run_under_load(own_run, tmp_path, figures, sig):
 def test_make_run_launcher_stops_gracefully_under_load(own_run, tmp_path, figures, sig):
     """`make run` (python -m serve_app.run): on Ctrl-C / SIGTERM it drains the ingress first,
     so every request in flight at the signal is answered: 200, or 503 `shutting_down` with
-    Retry-After if it had not reached the ingress yet. None loses its connection."""
-    run = ServeRun(tmp_path / "launcher")
+    Retry-After if it had not reached the ingress yet. None loses its connection. On what `make
+    run` serves, with two Ingress replicas (as under load): each replica must be drained."""
+    run = ServeRun(tmp_path / "launcher", config=MAKE_RUN_CONFIG,
+                   deployments={"Ingress": {"autoscaling_config": {"min_replicas": 2, "max_replicas": 2}}})
     run.command = [sys.executable, "-m", "serve_app.run"]
-    in_flight, exited = _stop_under_load(run, sig, wait_s=90)
+    in_flight, exited = _stop_under_load(run, sig, wait_s=90, ingress_replicas=2)
     kinds = _outcome_counts(in_flight)
+    drained = re.search(r"drained (\d+) of (\d+) Ingress replica", run.log_tail(20_000))
     figures[f"launcher_{sig.name}"] = {"in_flight_at_signal": len(in_flight), "in_flight_outcomes": kinds,
-                                      "exited_after_s": round(exited, 1)}
+                                      "exited_after_s": round(exited, 1),
+                                      "ingress_replicas_drained": drained and drained.group(0)}
     print(figures[f"launcher_{sig.name}"])
     assert exited < 90
     assert in_flight, "no request was in flight at the signal: the test proved nothing"
     assert all(o.status == 200 or is_clean_error(o, 503, "shutting_down") for o in in_flight), kinds
     assert sum(o.status == 200 for o in in_flight) >= 1
+    assert drained and drained.group(1) == drained.group(2) == "2", run.log_tail()

@@ -30,3 +30,45 @@ def test_the_installed_ray_serve_reads_every_lean_tick():
     control_loop_s, export_ms = json.loads(done.stdout.strip().splitlines()[-1])
     assert control_loop_s == float(LEAN_SERVE_TICKS["RAY_SERVE_CONTROL_LOOP_INTERVAL_S"])
     assert export_ms == int(LEAN_SERVE_TICKS["RAY_SERVE_METRICS_EXPORT_INTERVAL_MS"])
+
+
+class _Router:
+    """Serve's router as the launcher sees it: each call goes to one replica, in the order given."""
+
+    def __init__(self, picks: list[str]):
+        self.picks = iter(picks)
+        self.calls = 0
+
+    def call_drain(self):
+        self.calls += 1
+        replica = next(self.picks)
+
+        class Response:
+            def result(self, timeout_s: float) -> dict:
+                return {"replica": replica, "in_flight_at_start": 0, "in_flight_left": 0}
+        return Response()
+
+
+def test_drain_reaches_every_replica_even_when_the_router_repeats_one():
+    from serve_app.run import drain_every_replica
+
+    router = _Router(["a", "a", "a", "b"])  # round 1 reaches a twice; round 2 reaches a, then b
+    drained = drain_every_replica(router.call_drain, replicas=2, timeout_s=1)
+    assert set(drained) == {"a", "b"}
+    assert router.calls == 4
+
+
+def test_drain_gives_up_after_its_rounds_and_reports_whom_it_reached():
+    from serve_app.run import drain_every_replica
+
+    router = _Router(["a"] * 100)
+    drained = drain_every_replica(router.call_drain, replicas=2, timeout_s=1, rounds=3)
+    assert set(drained) == {"a"} and router.calls == 6
+
+
+def test_one_replica_gets_one_call():
+    from serve_app.run import drain_every_replica
+
+    router = _Router(["a"])
+    assert set(drain_every_replica(router.call_drain, replicas=1, timeout_s=1)) == {"a"}
+    assert router.calls == 1
