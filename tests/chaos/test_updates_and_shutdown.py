@@ -75,10 +75,13 @@ def test_user_config_change_under_load_reconfigures_in_place(chaos_run, figures)
                                      "translator_replicas_started_during_update": len(after - ids)}
     print(figures["user_config_update"])
     assert failed == []
-    # In place: no replica (id or process) started for the update. (The autoscaler may still have
-    # stopped one of two replicas on its own in the meantime; that is not a restart.)
-    assert after and after <= ids, (ids, after)
-    assert set(run.replica_pids("Translator")) <= pids
+    # In place: no replica (id or process) was replaced for the update. The autoscaler may still
+    # have added a replica under the load, or stopped one of two, on its own in the meantime (seen
+    # in CI: 1 -> 2 during the update); that is not a restart. A restart replaces: an old replica
+    # gone and a new one there, which neither comparison allows.
+    pids_after = set(run.replica_pids("Translator"))
+    assert after and (after <= ids or ids <= after), (ids, after)
+    assert pids_after <= pids or pids <= pids_after, (pids, pids_after)
     run.config = config  # the run now serves this config
 
 
