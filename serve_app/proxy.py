@@ -169,7 +169,7 @@ def proxy_environment(choice: str, run_dir: Path, environ: Mapping[str, str] = o
       from a killed one, holds them) or claimed by another launcher that has not started its
       HAProxy yet (`claim_port`; this process keeps its claims until it exits). HAProxy gets no more threads than the machine has cores,
       a stopping Ingress replica stays reachable for LOCAL_DRAINING_PERIOD_S, not Ray's 30 s, and
-      a request whose replica died before answering is resent to another (HAPROXY_RETRY_ON).
+      a request whose replica died before answering is resent to another (haproxy_retry_policy).
     """
     if choice not in PROXY_CHOICES:
         raise ProxyChoiceError(f"proxy {choice!r} is not one of {', '.join(PROXY_CHOICES)}")

@@ -116,7 +116,7 @@ CONTENDERS: tuple[Contender, ...] = (
               info_path="/v1/models", env=lambda workload: {"SERVE_APP_DRAIN_TIMEOUT_S": "2", "SERVE_APP_PROXY": "python"},
               settle_s=45.0),
     # `make run` (serve_config.placed.yaml): every model inside the Ingress (placement: ingress), so a
-    # request crosses no Ray call between processes; two Ingress replicas (one before 2026-11-23, autoscaled to 2).
+    # request crosses no Ray call between processes; the Ingress autoscales 1-2 replicas like the models of cpu.
     Contender("serve_app_placed", "serve-app as `make run` starts it (serve_config.placed.yaml)",
               _serve_app_placed_argv, info_path="/v1/models", env=lambda workload: {"SERVE_APP_DRAIN_TIMEOUT_S": "2"},
               settle_s=45.0),
