@@ -13,6 +13,8 @@ clients then get 404 for their ids. Jobs are meant for work that can be resubmit
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import logging
 from typing import Any, Callable, Optional
 
@@ -55,6 +57,15 @@ class BackgroundClient:
         return getattr(self._inner, name)
 
 
+def submission_key(request_id: Optional[str], task: str, payload: Any) -> Optional[str]:
+    """What makes two job submissions the same one: the request id and the exact task and payload
+    (a client that reuses an id for another payload gets a new job). None without a request id."""
+    if not request_id:
+        return None
+    body = json.dumps([task, payload], sort_keys=True, separators=(",", ":"), default=str)
+    return f"{request_id}:{hashlib.sha256(body.encode()).hexdigest()}"
+
+
 def _parse(model: type[BaseModel], payload: Any) -> BaseModel:
     try:
         return model.model_validate(payload)
@@ -93,8 +104,17 @@ class JobRunner:
 
         return self._service({name: BackgroundClient(c, done) for name, c in self._clients.items()})
 
-    async def submit(self, task: str, payload: Any) -> dict:
-        """Validate the job now (the client hears 4xx at once) and queue it; returns its view."""
+    async def submit(self, task: str, payload: Any, request_id: Optional[str] = None) -> dict:
+        """Validate the job now (the client hears 4xx at once) and queue it; returns its view.
+
+        A submission with the `request_id` (the HTTP request's `x-request-id`) and the task and
+        payload of a job still held is the same submission sent again (HAProxy resends a request
+        whose Ingress replica died before answering; a client may retry with its own id): it gets
+        that job's view, and nothing is queued twice."""
+        key = submission_key(request_id, task, payload)
+        if key is not None and (existing := self.store.find(key)) is not None:
+            logger.info("job %s: submitted again with request id %s; not queued twice", existing.id, request_id)
+            return existing.view()
         service = self._validator
         if task == "translation":
             body = _parse(TranslationPayload, payload)
@@ -109,7 +129,7 @@ class JobRunner:
         else:
             tasks = ", ".join(repr(t) for t in ("translation", "embeddings", *sorted(service.custom_models)))
             raise UnsupportedTask(f"Unknown task {task!r}; tasks: {tasks}.")
-        job = self.store.create(task, body, total)
+        job = self.store.create(task, body, total, submission_key=key)
         self._tasks[job.id] = asyncio.create_task(self._run(job), name=f"job-{job.id}")
         logger.info("job %s queued: %s, %d records", job.id, task, total)
         return job.view()
@@ -202,8 +222,8 @@ class JobManager:
         self.runner = JobRunner(self.settings, clients)
         logger.info("JobManager ready: %s", self.settings.jobs.model_dump())
 
-    async def submit(self, task: str, payload: Any) -> dict:
-        return await self.runner.submit(task, payload)
+    async def submit(self, task: str, payload: Any, request_id: Optional[str] = None) -> dict:
+        return await self.runner.submit(task, payload, request_id)
 
     # Every method is a coroutine: they run on the replica's event loop, with the job tasks,
     # never on a thread beside them (the store is not locked).

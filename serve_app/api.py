@@ -16,7 +16,7 @@ from . import __version__
 from .cache import cache_directives
 from .errors import ERROR_TYPE_SCOPE_KEY, NotReady, install_error_handlers
 from . import middleware
-from .middleware import AdmissionControl, ApiKeyAuth, BodySizeLimit, LazyCORS, RequestObserver
+from .middleware import AdmissionControl, ApiKeyAuth, BodySizeLimit, LazyCORS, RequestObserver, request_id_of
 from .observability import RECORDS_SCOPE_KEY, RequestRecorder
 from .schemas import (
     ERROR_RESPONSES, JOB_RESPONSES, JOB_SUBMIT_RESPONSES, PREDICT_ERROR_RESPONSES, EmbeddingsRequest,
@@ -168,12 +168,15 @@ def create_app() -> FastAPI:
         return result
 
     @app.post("/jobs", status_code=202, response_model=JobResponse, responses=JOB_SUBMIT_RESPONSES)
-    async def submit_job(body: JobRequest, response: Response, service: Service = Depends(get_service)):
+    async def submit_job(body: JobRequest, request: Request, response: Response,
+                         service: Service = Depends(get_service)):
         """Compute a translation, embeddings or custom-model request in the background: 202 with the
         job's id at once (`Location: /jobs/<id>`); poll GET /jobs/<id> for its state and result.
         The payload is validated now, so a bad one gets the 4xx its route would answer. Job records
-        queue behind interactive requests in the model replicas."""
-        view = await service.submit_job(body.task, body.payload)
+        queue behind interactive requests in the model replicas. The same body sent again with the
+        same `x-request-id` header returns the same job instead of a second one, so a submission
+        can be retried safely."""
+        view = await service.submit_job(body.task, body.payload, request_id_of(request.scope))
         response.headers["Location"] = f"/jobs/{view['job_id']}"
         return view
 

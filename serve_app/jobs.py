@@ -77,6 +77,8 @@ class Job:
     error: Optional[dict[str, str]] = None
     #: what the job computes: the validated request body (dropped once the job finished)
     payload: Any = field(default=None, repr=False)
+    #: the submission's key (JobStore.create): a resent identical submission finds this job
+    submission_key: Optional[str] = field(default=None, repr=False)
 
     @property
     def finished(self) -> bool:
@@ -112,8 +114,20 @@ class JobStore:
         self._unfinished: dict[str, Job] = {}
         #: finished jobs, oldest finish first (so expiry pops from the front)
         self._finished: "OrderedDict[str, Job]" = OrderedDict()
+        #: submission key -> id of the job it created, for the jobs still held
+        self._by_key: dict[str, str] = {}
 
-    def create(self, task: str, payload: Any, records_total: int) -> Job:
+    def find(self, submission_key: str) -> Optional[Job]:
+        """The held job a submission with this key created, or None."""
+        self.expire()
+        job_id = self._by_key.get(submission_key)
+        return None if job_id is None else (self._unfinished.get(job_id) or self._finished.get(job_id))
+
+    def _forget(self, job: Job) -> None:
+        if job.submission_key is not None:
+            self._by_key.pop(job.submission_key, None)
+
+    def create(self, task: str, payload: Any, records_total: int, submission_key: Optional[str] = None) -> Job:
         self.expire()
         if len(self._unfinished) >= self.max_unfinished_jobs:
             raise Overloaded(
@@ -122,8 +136,10 @@ class JobStore:
                 retry_after_s=self.retry_after_s,
             )
         job = Job(id=secrets.token_urlsafe(12), task=task, records_total=records_total,
-                  created_at=self._clock(), payload=payload)
+                  created_at=self._clock(), payload=payload, submission_key=submission_key)
         self._unfinished[job.id] = job
+        if submission_key is not None:
+            self._by_key[submission_key] = job.id
         return job
 
     def get(self, job_id: str) -> Job:
@@ -148,7 +164,7 @@ class JobStore:
         self._unfinished.pop(job.id, None)
         self._finished[job.id] = job
         while len(self._finished) > self.max_finished_jobs:
-            self._finished.popitem(last=False)
+            self._forget(self._finished.popitem(last=False)[1])
 
     def expire(self) -> int:
         """Forget finished jobs past their expiry; returns how many."""
@@ -157,7 +173,7 @@ class JobStore:
             job = next(iter(self._finished.values()))
             if job.expires_at is not None and job.expires_at > now:
                 break
-            self._finished.popitem(last=False)
+            self._forget(self._finished.popitem(last=False)[1])
             gone += 1
         return gone
 

@@ -57,8 +57,9 @@ MAX_HAPROXY_THREADS = 4
 #: `empty-response` also resends those whose replica died before answering a byte (its process
 #: was killed, or a model placed in the Ingress crashed it): the model routes are idempotent, so
 #: with two Ingress replicas a crash costs the clients in flight latency, not an error
-#: (docs/reliability.md section 2). The price: a `POST /jobs` in flight on the dead replica may
-#: be submitted twice (the client sees one job; the other runs and expires unread).
+#: (docs/reliability.md section 2). `POST /jobs` is not idempotent by itself: a resent submission
+#: carries the x-request-id HAProxy gave the first attempt, and the JobManager answers it with the
+#: job that attempt created (deployments/job_manager.py `submission_key`).
 HAPROXY_RETRY_ON = "conn-failure empty-response"
 
 #: HAProxy can only resend a request it holds whole. Without `option http-buffer-request` it

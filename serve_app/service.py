@@ -290,9 +290,10 @@ class Service:
             raise NotFound("Jobs are off on this service (jobs.enabled is false).")
         return self.jobs
 
-    async def submit_job(self, task: str, payload: dict) -> dict:
-        """Queue a job (validated now: 4xx at once, as the task's route would answer); its view."""
-        return await self._with_deadline(self._job_manager().call("submit", task, payload))
+    async def submit_job(self, task: str, payload: dict, request_id: Optional[str] = None) -> dict:
+        """Queue a job (validated now: 4xx at once, as the task's route would answer); its view.
+        The same `request_id`, task and payload again return the same job (JobRunner.submit)."""
+        return await self._with_deadline(self._job_manager().call("submit", task, payload, request_id))
 
     async def job(self, job_id: str) -> dict:
         return await self._with_deadline(self._job_manager().call("get", job_id))

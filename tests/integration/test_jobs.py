@@ -120,3 +120,18 @@ def test_unknown_job_is_404(http):
 
 def test_readyz_lists_the_job_manager(http):
     assert http.get("/readyz").json()["models"]["JobManager"] == "ready"
+
+
+def test_a_submission_sent_again_with_its_x_request_id_is_the_same_job(http):
+    """What HAProxy's resend of a POST /jobs (its Ingress replica died before answering) looks like
+    to the service, and a client's own retry: the same body and x-request-id; one job, not two."""
+    body = {"task": "translation", "payload": _translation(3, f"resent-{uuid.uuid4().hex}")}
+    request_id = f"client-{uuid.uuid4().hex}"
+    first = http.post("/jobs", json=body, headers={"x-request-id": request_id})
+    again = http.post("/jobs", json=body, headers={"x-request-id": request_id})
+    assert first.status_code == again.status_code == 202, (first.text, again.text)
+    assert again.json()["job_id"] == first.json()["job_id"]
+    other = http.post("/jobs", json=body)  # a new request id: a new job
+    assert other.status_code == 202 and other.json()["job_id"] != first.json()["job_id"]
+    for view in (first.json(), other.json()):
+        assert _finished(http, view["job_id"])["status"] == "succeeded"

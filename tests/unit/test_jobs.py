@@ -229,6 +229,19 @@ def test_http_jobs_submit_poll_result_and_conflict(jobs_api):
     assert conflict.status_code == 409 and conflict.json()["error_type"] == "job_finished"
 
 
+def test_http_a_job_resent_with_its_x_request_id_is_the_same_job(jobs_api):
+    client, runner, _ = jobs_api
+    body = {"task": "translation", "payload": _translation(3)}
+    first = client.post("/jobs", json=body, headers={"x-request-id": "resend-me"})
+    again = client.post("/jobs", json=body, headers={"x-request-id": "resend-me"})
+    fresh = client.post("/jobs", json=body)
+    assert first.status_code == again.status_code == fresh.status_code == 202
+    assert again.json()["job_id"] == first.json()["job_id"] != fresh.json()["job_id"]
+    assert again.headers["Location"] == first.headers["Location"]
+    for resp in (first, fresh):
+        _poll(client, resp.headers["Location"])
+
+
 def test_http_jobs_errors_have_the_routes_statuses(jobs_api):
     client, runner, translator = jobs_api
     cases = [
@@ -283,3 +296,38 @@ def test_a_job_past_its_timeout_fails_with_timeout():
     view, translator = asyncio.run(scenario())
     assert view["status"] == "failed" and view["error"]["error_type"] == "timeout"
     assert translator.cancelled == 1  # its call was cancelled, not left computing
+
+
+def test_a_submission_resent_with_its_request_id_gets_the_same_job_and_queues_nothing_twice():
+    """HAProxy resends a POST /jobs whose Ingress replica died before answering, with the same
+    x-request-id; the JobManager may already hold the job the first attempt created."""
+    async def scenario():
+        runner, translator, _ = _runner()
+        first = await runner.submit("translation", _translation(5), "req-1")
+        again = await runner.submit("translation", _translation(5), "req-1")
+        other_payload = await runner.submit("translation", _translation(6), "req-1")
+        no_id = [await runner.submit("translation", _translation(5), None) for _ in range(2)]
+        done = await _finished(runner, first["job_id"])
+        after_finish = await runner.submit("translation", _translation(5), "req-1")
+        for view in (other_payload, *no_id):
+            await _finished(runner, view["job_id"])
+        return first, again, other_payload, no_id, done, after_finish, runner
+
+    first, again, other_payload, no_id, done, after_finish, runner = asyncio.run(scenario())
+    assert again["job_id"] == first["job_id"]
+    assert after_finish["job_id"] == first["job_id"] and after_finish["status"] == "succeeded"
+    # Another payload under the same id, or no id at all: new jobs.
+    assert other_payload["job_id"] != first["job_id"]
+    assert len({first["job_id"], *(v["job_id"] for v in no_id)}) == 3
+    assert sum(runner.store.counts().values()) == 4  # first, other_payload and the two without an id
+
+
+def test_a_submission_key_is_forgotten_with_its_job():
+    clock = Clock()
+    store = _store(clock, result_ttl_s=60)
+    job = store.create("translation", {"x": 1}, 1, submission_key="k")
+    assert store.find("k") is job
+    store.finish(job, "succeeded", result={})
+    clock.now += 61
+    assert store.find("k") is None
+    assert store.create("translation", {"x": 1}, 1, submission_key="k").id != job.id
