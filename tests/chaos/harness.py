@@ -224,6 +224,17 @@ def running_replica_ids(run: ServeRun, deployment: str) -> set[str]:
     return {r["replica_id"] for r in d["replicas"] if r["state"] == "RUNNING"} if d else set()
 
 
+#: Deployment overrides that pin the Ingress to two replicas, as the placed start's autoscaler runs
+#: it under load (serve_config.placed.yaml: 1-2).
+TWO_INGRESS_REPLICAS = {"Ingress": {"autoscaling_config": {"min_replicas": 2, "max_replicas": 2}}}
+
+
+def wait_for_running_ingress(run: ServeRun, replicas: int, timeout_s: float = 120) -> None:
+    """Until Serve lists at least `replicas` RUNNING Ingress replicas of `run`."""
+    wait_for(lambda: len(running_replica_ids(run, "Ingress")) >= replicas, timeout_s,
+             f"{replicas} RUNNING Ingress replica(s)", 0.5)
+
+
 def deployment_replicas(run: ServeRun, deployment: str) -> tuple[str, list[str]]:
     """(deployment status, [state of each replica]) as Serve reports them."""
     d = deployment_details(run, deployment)

@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from .harness import HAProxyLog, ServeRun, deployment_replicas, running_replica_ids, wait_for
+from .harness import (TWO_INGRESS_REPLICAS, HAProxyLog, ServeRun, deployment_replicas, wait_for,
+                      wait_for_running_ingress)
 from .helpers import steady_load
 
 HEALTHY_TAIL = 20
@@ -90,12 +91,12 @@ def test_a_placed_ingress_killed_under_load_loses_no_request(own_run, tmp_path, 
     log = HAProxyLog()
     # Two Ingress replicas, as the autoscaler runs them under load (or min_replicas: 2 at any load).
     run = ServeRun(tmp_path / "placed-kill", config="serve_config.placed.yaml", env=log.env,
-                   deployments={"Ingress": {"autoscaling_config": {"min_replicas": 2, "max_replicas": 2}}})
+                   deployments=TWO_INGRESS_REPLICAS)
     if run.proxy != "haproxy":
         pytest.skip("resending a request whose replica died is HAProxy's (the Python proxy answers it 500)")
     try:
         run.start()
-        wait_for(lambda: len(running_replica_ids(run, "Ingress")) == 2, 120, "2 RUNNING Ingress replicas", 0.5)
+        wait_for_running_ingress(run, 2)
         outcomes, killed_at, replaced_s, killed_wall = _kill_an_ingress_under_load(run, workers=8, replicas=2)
     finally:
         run.stop()

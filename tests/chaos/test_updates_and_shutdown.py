@@ -23,7 +23,8 @@ import pytest
 
 from tests.support import MAKE_RUN_CONFIG
 
-from .harness import ServeRun, deployment_details, running_replica_ids, serve_deploy, wait_for
+from .harness import (TWO_INGRESS_REPLICAS, ServeRun, deployment_details, running_replica_ids, serve_deploy,
+                      wait_for, wait_for_running_ingress)
 from .helpers import is_clean_error, steady_load, under_load
 
 
@@ -112,8 +113,7 @@ def _stop_under_load(run: ServeRun, sig: int, wait_s: float, ingress_replicas: i
     terminal would) once 10 requests succeeded, and wait for it to exit. Returns the requests in
     flight at the signal and the seconds to exit."""
     run.start()
-    wait_for(lambda: len(running_replica_ids(run, "Ingress")) >= ingress_replicas, 120,
-             f"{ingress_replicas} RUNNING Ingress replica(s)", 0.5)
+    wait_for_running_ingress(run, ingress_replicas)
     outcomes: list = []
     try:
         async def scenario():
@@ -164,8 +164,7 @@ def test_make_run_launcher_stops_gracefully_under_load(own_run, tmp_path, figure
     so every request in flight at the signal is answered: 200, or 503 `shutting_down` with
     Retry-After if it had not reached the ingress yet. None loses its connection. On what `make
     run` serves, with two Ingress replicas (as under load): each replica must be drained."""
-    run = ServeRun(tmp_path / "launcher", config=MAKE_RUN_CONFIG,
-                   deployments={"Ingress": {"autoscaling_config": {"min_replicas": 2, "max_replicas": 2}}})
+    run = ServeRun(tmp_path / "launcher", config=MAKE_RUN_CONFIG, deployments=TWO_INGRESS_REPLICAS)
     run.command = [sys.executable, "-m", "serve_app.run"]
     in_flight, exited = _stop_under_load(run, sig, wait_s=90, ingress_replicas=2)
     kinds = _outcome_counts(in_flight)

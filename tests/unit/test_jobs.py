@@ -302,18 +302,18 @@ def test_a_submission_resent_with_its_request_id_gets_the_same_job_and_queues_no
     """HAProxy resends a POST /jobs whose Ingress replica died before answering, with the same
     x-request-id; the JobManager may already hold the job the first attempt created."""
     async def scenario():
-        runner, translator, _ = _runner()
+        runner, _, _ = _runner()
         first = await runner.submit("translation", _translation(5), "req-1")
         again = await runner.submit("translation", _translation(5), "req-1")
         other_payload = await runner.submit("translation", _translation(6), "req-1")
         no_id = [await runner.submit("translation", _translation(5), None) for _ in range(2)]
-        done = await _finished(runner, first["job_id"])
+        await _finished(runner, first["job_id"])
         after_finish = await runner.submit("translation", _translation(5), "req-1")
         for view in (other_payload, *no_id):
             await _finished(runner, view["job_id"])
-        return first, again, other_payload, no_id, done, after_finish, runner
+        return first, again, other_payload, no_id, after_finish, runner
 
-    first, again, other_payload, no_id, done, after_finish, runner = asyncio.run(scenario())
+    first, again, other_payload, no_id, after_finish, runner = asyncio.run(scenario())
     assert again["job_id"] == first["job_id"]
     assert after_finish["job_id"] == first["job_id"] and after_finish["status"] == "succeeded"
     # Another payload under the same id, or no id at all: new jobs.
