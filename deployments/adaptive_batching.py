@@ -23,7 +23,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
-from ._config import BatchConfig
+from .batch_config import BatchConfig
 
 
 def p99(samples: Sequence[float]) -> float:

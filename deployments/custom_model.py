@@ -1,7 +1,7 @@
 """The CustomModel deployment: serves a user's model module (an entry of `models:`).
 
 One Serve deployment per registered model, named `Model.<name>` (see
-`serve_app.custom_models.deployment_name`), so each has its own `deployments:` entry:
+`deployments.model_module.deployment_name`), so each has its own `deployments:` entry:
 replicas, autoscaling, `user_config` batch knobs, `ray_actor_options`.
 
 Each replica calls the module's `load(**options)` once, then `@serve.batch` joins the
@@ -21,21 +21,17 @@ from typing import Any
 from pydantic import BaseModel
 from ray import serve
 
-from serve_app.custom_models import deployment_name, import_model_module
-from serve_app.settings import CustomModelSpec
-
-from ._config import CUSTOM_MODEL_BATCH, model_deployment_options
-from ._replica import ModelReplica
+from .batch_config import CUSTOM_MODEL_BATCH, model_deployment_options
 from .batching import count_records, split
+from .errors import ModelContractError, describe_exception
+from .model_module import deployment_name, import_model_module
+from .replica import ModelReplica
+from .settings import CustomModelSpec
 
 logger = logging.getLogger("ray.serve")
 
 #: what one call's batched result is: its outputs (JSON-ready dicts) and the batch's size in inputs
 CallResult = tuple[list[dict], int]
-
-
-class ModelContractError(RuntimeError):
-    """The user's `predict` broke its contract (wrong number or shape of outputs)."""
 
 
 @serve.deployment(**model_deployment_options("CustomModel", CUSTOM_MODEL_BATCH))
@@ -94,8 +90,9 @@ class CustomModel(ModelReplica):
         except Exception as exc:
             if len(items) == 1:
                 raise
-            logger.warning("%s: a batch of %d calls raised %r; running each call alone", self.deployment_name,
-                           len(items), exc)
+            # The class and place, not the message: it may quote the inputs (deployments/errors.py).
+            logger.warning("%s: a batch of %d calls raised %s; running each call alone", self.deployment_name,
+                           len(items), describe_exception(exc))
             return [self._predict_alone(item) for item in items]
         results, offset = [], 0
         for item in items:

@@ -8,12 +8,11 @@ from concurrent.futures import Future
 import numpy as np
 from ray import serve
 
-from serve_app.settings import EmbeddingSettings
-
-from ._config import EMBEDDER_BATCH, model_deployment_options
-from ._replica import ModelReplica, cpu_share, threads_for_share
-from .backends.embedding import SentenceEmbedder
+from .backends.embedding import load_embedder
+from .batch_config import EMBEDDER_BATCH, model_deployment_options
 from .batching import count_records
+from .replica import ModelReplica, cpu_share, threads_for_share
+from .settings import EmbeddingSettings
 
 logger = logging.getLogger("ray.serve")
 
@@ -26,10 +25,7 @@ class Embedder(ModelReplica):
     def __init__(self, settings: dict):
         self.settings = EmbeddingSettings(**settings)
         threads = threads_for_share(cpu_share(), self.settings.num_threads)
-        self.model = SentenceEmbedder(
-            self.settings.model_path, device=self.settings.device,
-            max_seq_tokens=self.settings.max_seq_tokens, num_threads=threads,
-        )
+        self.model = load_embedder(self.settings, threads)
         self.model.embed(["warm up", "a slightly longer sentence to warm up the model"])
         self._init_replica()
         logger.info("Embedder ready: model=%s threads=%d", self.model.model_path, threads)

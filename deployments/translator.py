@@ -7,13 +7,12 @@ from concurrent.futures import Future
 
 from ray import serve
 
-from serve_app.settings import TranslationSettings
-
-from ._config import TRANSLATOR_BATCH, model_deployment_options
-from ._replica import ModelReplica, cpu_share, threads_for_share
 from .backends import load_translation_backend
+from .batch_config import TRANSLATOR_BATCH, model_deployment_options
 from .batching import Chunk, count_records, run_grouped
 from .length_batching import run_token_batched
+from .replica import ModelReplica, cpu_share, threads_for_share
+from .settings import TranslationSettings
 
 logger = logging.getLogger("ray.serve")
 
@@ -29,8 +28,21 @@ class Translator(ModelReplica):
         self.backend = load_translation_backend(self.settings, threads)
         self.backend.warm_up()
         self._init_replica()
-        logger.info("Translator ready: backend=%s model=%s threads=%d",
-                    self.backend.name, self.backend.model_id, threads)
+        # scheduling: continuous -> one decoding loop owns the batch (deployments/continuous_translation.py).
+        # Imported here, not at the top: it needs torch, which the processes that only import this
+        # module (the app builder, the JobManager, an Ingress placing fast-translate) then never load.
+        self._continuous = None
+        if self.settings.scheduling == "continuous":
+            from .continuous_translation import ContinuousTranslation
+
+            self._continuous = ContinuousTranslation(self, self.settings)
+        logger.info("Translator ready: backend=%s model=%s threads=%d scheduling=%s",
+                    self.backend.name, self.backend.model_id, threads, self.settings.scheduling)
+
+    def _apply_batch_config(self) -> None:
+        super()._apply_batch_config()
+        if getattr(self, "_continuous", None) is not None:
+            self._continuous.apply(self.batch_config)
 
     def _batched_methods(self):
         return [self._translate_batch, self._translate_background_batch]
@@ -39,6 +51,8 @@ class Translator(ModelReplica):
         """Translate one chunk; returns the texts and the largest model batch they rode in.
 
         `background=True` (job records) queues the chunk behind interactive requests."""
+        if self._continuous is not None:
+            return await self._continuous.translate(chunk, background)
         batched = self._translate_background_batch if background else self._translate_batch
         results = await self._submit_pieces(
             batched, chunk.texts, lambda piece: Chunk(chunk.source, chunk.target, piece))
@@ -88,5 +102,6 @@ class Translator(ModelReplica):
             "model": self.backend.model_id,
             "language_pairs": [str(p) for p in self.backend.supported_pairs()],
             "batching": self.batching_info(),
-            "details": self.backend.describe(),
+            "details": {**self.backend.describe(), "scheduling": self.settings.scheduling,
+                        **({"continuous": self._continuous.info()} if self._continuous is not None else {})},
         }

@@ -7,15 +7,17 @@ while Serve mounts the very same app behind `@serve.ingress`.
 
 from __future__ import annotations
 
+import re
 from typing import Optional
 
-from fastapi import Depends, FastAPI, Header, Request, Response
+from fastapi import Depends, FastAPI, Header, Query, Request, Response
 from fastapi.responses import JSONResponse
 
 from . import __version__
 from .cache import cache_directives
+from .jobs.api import IDEMPOTENCY_HEADER, _IDEMPOTENCY_DESCRIPTION, _PAGE_DESCRIPTION, job_owner
 from .errors import ERROR_TYPE_SCOPE_KEY, NotReady, install_error_handlers
-from . import middleware
+from . import auth, middleware
 from .middleware import AdmissionControl, ApiKeyAuth, BodySizeLimit, LazyCORS, RequestObserver, request_id_of
 from .observability import RECORDS_SCOPE_KEY, RequestRecorder
 from .schemas import (
@@ -102,6 +104,22 @@ async def get_service() -> Service:
     return _service
 
 
+def _shows_details(scope) -> bool:
+    """Whether this caller may read why a model is not ready (Serve's messages carry file paths
+    and exception texts): a caller with a valid key, or anyone while keys are off on a loopback
+    service (`make run`). With `auth_disabled` (a cluster behind an authenticating proxy) nobody:
+    the reasons are in the Ingress's log."""
+    if middleware.api_key_id_of(scope) is not None:
+        return True
+    limits = current_limits()
+    return not limits.auth_disabled and not auth.configured_keys(limits)
+
+
+def public_state(state: str) -> str:
+    """A readiness state without its reason: `failed: DEPLOY_FAILED: ... /models/x` -> `failed`."""
+    return re.split(r"[:( ]", state, maxsplit=1)[0]
+
+
 def create_app() -> FastAPI:
     app = FastAPI(
         title="serve-app",
@@ -113,9 +131,11 @@ def create_app() -> FastAPI:
     # Starlette runs the last added middleware first. Outermost to innermost: observe (log and
     # count every answer), CORS (preflights), API key, shed load, then bound the body before parsing.
     app.add_middleware(BodySizeLimit, get_limit=lambda: current_limits().max_body_bytes)
+    # Admission shares the in-flight slots fairly between API keys (serve_app/admission.py).
     app.add_middleware(AdmissionControl, limit=lambda: current_limits().max_inflight_requests,
-                       retry_after_s=lambda: current_limits().retry_after_s)
-    app.add_middleware(ApiKeyAuth, keys=lambda: current_limits().api_key_list())
+                       retry_after_s=lambda: current_limits().retry_after_s, key_of=middleware.api_key_id_of,
+                       configured_keys=lambda: len(auth.configured_keys(current_limits())))
+    app.add_middleware(ApiKeyAuth, keys=lambda: auth.configured_keys(current_limits()))
     app.add_middleware(LazyCORS, origins=lambda: current_limits().cors_origins)
     app.add_middleware(RequestObserver, recorder=recorder, enabled=lambda: current_limits().access_log)
 
@@ -160,7 +180,7 @@ def create_app() -> FastAPI:
                                            description=_TIMEOUT_DESCRIPTION),
         service: Service = Depends(get_service),
     ):
-        """Run your own model (an entry of `models:`, see the README) on `inputs`, each matching
+        """Run your own model (an entry of `models:`, docs/your-own-model.md) on `inputs`, each matching
         the model's `Input` schema (listed in /v1/models); outputs keep the inputs' order."""
         request.scope[RECORDS_SCOPE_KEY] = len(body.inputs)
         result, batch = await service.predict(name, body.inputs, timeout_s=_deadline_s(timeout_ms))
@@ -169,28 +189,38 @@ def create_app() -> FastAPI:
 
     @app.post("/jobs", status_code=202, response_model=JobResponse, responses=JOB_SUBMIT_RESPONSES)
     async def submit_job(body: JobRequest, request: Request, response: Response,
+                         idempotency_key: Optional[str] = Header(None, alias=IDEMPOTENCY_HEADER, min_length=1,
+                                                                 max_length=255, description=_IDEMPOTENCY_DESCRIPTION),
                          service: Service = Depends(get_service)):
         """Compute a translation, embeddings or custom-model request in the background: 202 with the
         job's id at once (`Location: /jobs/<id>`); poll GET /jobs/<id> for its state and result.
         The payload is validated now, so a bad one gets the 4xx its route would answer. Job records
-        queue behind interactive requests in the model replicas. The same body sent again with the
-        same `x-request-id` header returns the same job instead of a second one, so a submission
-        can be retried safely."""
-        view = await service.submit_job(body.task, body.payload, request_id_of(request.scope))
+        queue behind interactive requests in the model replicas. Jobs are kept in the job store
+        (docs/jobs.md) and only the API key that submitted one can read or cancel it."""
+        view = await service.submit_job(body.task, body.payload, request_id_of(request.scope),
+                                        job_owner(request.scope), idempotency_key)
         response.headers["Location"] = f"/jobs/{view['job_id']}"
         return view
 
     @app.get("/jobs/{job_id}", response_model=JobResponse, responses=JOB_RESPONSES)
-    async def get_job(job_id: str, service: Service = Depends(get_service)):
+    async def get_job(job_id: str, request: Request,
+                      offset: Optional[int] = Query(None, ge=0, description=_PAGE_DESCRIPTION),
+                      limit: Optional[int] = Query(None, ge=1, description="Records in this page (capped)."),
+                      service: Service = Depends(get_service)):
         """The job's state (`queued`, `running`, `succeeded`, `failed`, `cancelled`), its progress,
-        and once it succeeded its result: exactly what its route would have answered."""
-        return await service.job(job_id)
+        and once it succeeded its result: exactly what its route would have answered (a large one
+        a page at a time: `page.next`)."""
+        view = await service.job(job_id, job_owner(request.scope), offset, limit)
+        if view.get("page") is None:
+            view.pop("page", None)  # a whole result: the response as it always was
+            return view
+        return JSONResponse(view)  # a page (bounded by jobs.max_page_bytes), not re-validated
 
     @app.delete("/jobs/{job_id}", response_model=JobResponse, responses=JOB_RESPONSES)
-    async def cancel_job(job_id: str, service: Service = Depends(get_service)):
+    async def cancel_job(job_id: str, request: Request, service: Service = Depends(get_service)):
         """Cancel a queued or running job: its records not yet computing are never computed.
         A job that already finished is 409."""
-        return await service.cancel_job(job_id)
+        return await service.cancel_job(job_id, job_owner(request.scope))
 
     @app.get("/healthz", response_model=HealthResponse)
     async def healthz():
@@ -202,6 +232,8 @@ def create_app() -> FastAPI:
         """200 only when every model deployment has loaded and warmed up its model; 503 with each
         model's state otherwise (`failed: ...` quotes Serve's reason when a deployment failed)."""
         states = await service.readiness()
+        if not _shows_details(request.scope):
+            states = {name: public_state(state) for name, state in states.items()}
         if middleware.DRAIN.draining:  # via the module: this route is pickled by value
             states = {name: "draining (the service is stopping)" for name in states}
         if all(s == "ready" for s in states.values()):

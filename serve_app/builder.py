@@ -15,16 +15,21 @@ from ray.serve import Application
 
 from deployments.custom_model import CustomModel
 from deployments.embedder import Embedder
-from deployments.job_manager import JobManager
+from deployments.model_module import deployment_name
 from deployments.translator import Translator
 
-from .custom_models import deployment_name
+from .auth import reject_keys_in_args, serve_http_host, startup_check
 from .ingress import Ingress
+from .jobs.manager import JobManager
 from .settings import AppSettings, load_settings
 
 
 def build_app(args: Optional[dict[str, Any]] = None) -> Application:
+    reject_keys_in_args(args)
     settings: AppSettings = load_settings(args)
+    # Fail closed: no keys on a non-loopback host, or an unsafe key, stops the app here, with the
+    # reason in `serve status` (every Ingress replica checks again: serve_app/auth.py).
+    startup_check(settings.ingress, serve_http_host())
     # A model with `placement: ingress` has no deployment: each Ingress replica loads it (None here).
     placed = settings.placed_in_ingress()
     translator = None if "Translator" in placed else Translator.bind(settings.translation.model_dump())
@@ -36,7 +41,7 @@ def build_app(args: Optional[dict[str, Any]] = None) -> Application:
         else CustomModel.options(name=deployment_name(spec.name)).bind(spec.model_dump())
         for spec in settings.models
     }
-    # The job store: one replica that every ingress calls (deployments/job_manager.py).
+    # The job store: one replica that every ingress calls (serve_app/jobs/manager.py).
     jobs = (JobManager.bind(translator, embedder, settings.model_dump(), models)
             if settings.jobs.enabled else None)
     return Ingress.bind(translator, embedder, settings.model_dump(), models, jobs)

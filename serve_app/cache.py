@@ -14,6 +14,12 @@ value's parts (a string's size grows with its length, a NumPy array's with its `
 plus a fixed per-entry overhead for the containers; `tests/unit/test_cache.py` checks the
 estimate against what `tracemalloc` sees.
 
+Tenants: `lookup` and `store` (what a request uses) put the id of the request's API key
+(`serve_app.auth.REQUEST_KEY_ID`, a hash prefix set by the auth middleware) in front of every key,
+so each API key has its own entries: one key can neither read another's cached texts nor tell,
+from `X-Cache: hit` or latency, that another key sent a text. The same text sent with two keys is
+computed and stored twice. With keys off the id is None: one shared space.
+
 Not thread-safe: the ingress calls it from its one event loop, without awaiting in between.
 """
 
@@ -26,6 +32,9 @@ from collections import Counter
 from collections import OrderedDict
 from typing import Any, Callable, Hashable, Iterable, Optional, Protocol, Sequence
 
+import numpy as np
+
+from .auth import REQUEST_KEY_ID
 from .settings import CacheSettings
 
 logger = logging.getLogger("serve_app")
@@ -59,6 +68,14 @@ def cache_directives(cache_control: Optional[str]) -> tuple[bool, bool]:
     even when one is cached (and stores the fresh one); `no-store` does not store it."""
     directives = {d.strip().split("=", 1)[0].lower() for d in (cache_control or "").split(",")}
     return "no-cache" not in directives, "no-store" not in directives
+
+
+def tenant_key(tenant: Optional[str], key: Hashable) -> Hashable:
+    """`key` in the space of API key id `tenant`: the id goes first, so a tuple key keeps its text
+    last (what `entry_bytes` counts). Ids are interned: every entry of a tenant shares one."""
+    if tenant is None:
+        return key
+    return (sys.intern(tenant), *key) if isinstance(key, tuple) else (sys.intern(tenant), key)
 
 
 class CacheObserver(Protocol):
@@ -152,9 +169,11 @@ class ResponseCache:
 
     # -- one request's worth, counted and reported ------------------------------------------
     def lookup(self, task: str, keys: Sequence[Hashable]) -> list[Optional[Any]]:
-        """The cached value of each key (None where missing), counted as hits and misses of `task`."""
+        """The cached value of each key (None where missing) in the space of the request's API key,
+        counted as hits and misses of `task`."""
         before = Counter(self.evictions)
-        found = [self.get(key) for key in keys]
+        tenant = REQUEST_KEY_ID.get()
+        found = [self.get(tenant_key(tenant, key)) for key in keys]
         hits = sum(v is not None for v in found)
         self.hits[task] += hits
         self.misses[task] += len(found) - hits
@@ -165,10 +184,12 @@ class ResponseCache:
         return found
 
     def store(self, items: Iterable[tuple[Hashable, Any]]) -> None:
-        """`put` each (key, value), then report evictions and the new size once."""
+        """`put` each (key, value) in the space of the request's API key, then report evictions
+        and the new size once."""
         before = Counter(self.evictions)
+        tenant = REQUEST_KEY_ID.get()
         for key, value in items:
-            self.put(key, value)
+            self.put(tenant_key(tenant, key), value)
         self._report_evictions(before)
 
     def stats(self) -> dict[str, Any]:
@@ -253,3 +274,15 @@ class CacheMetrics:
     def size(self, entries: int, size_bytes: int) -> None:
         self._entries.set(entries)
         self._bytes.set(size_bytes)
+
+
+def storable(value: Any) -> Any:
+    """What the cache keeps of a computed value: a vector as its own read-only float32 array
+    (a row of a batch's array would keep the whole batch alive); (vector, tokens) likewise."""
+    if isinstance(value, tuple):
+        return tuple(storable(v) for v in value)
+    if isinstance(value, np.ndarray):
+        owned = np.array(value, dtype=np.float32, copy=True)
+        owned.setflags(write=False)
+        return owned
+    return value

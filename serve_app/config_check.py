@@ -45,9 +45,10 @@ def check_config(config: dict[str, Any]) -> list[str]:
         ServeDeploySchema,
     )
 
-    from deployments._config import parse_batch_config
+    from deployments.batch_config import parse_batch_config
 
-    from .custom_models import deployment_name
+    from .auth import reject_keys_in_args
+    from deployments.model_module import deployment_name
     from .settings import load_settings
 
     if not isinstance(config, dict):
@@ -66,6 +67,10 @@ def check_config(config: dict[str, Any]) -> list[str]:
         problems += _unknown(app, ServeApplicationSchema.model_fields, where)
         settings = None
         if app.get("import_path") == BUILDER:
+            try:
+                reject_keys_in_args(app.get("args"))
+            except ValueError as exc:
+                problems.append(f"{where}.{exc}")
             try:
                 settings = load_settings(app.get("args"))
             except Exception as exc:
@@ -113,6 +118,8 @@ def check_config(config: dict[str, Any]) -> list[str]:
                 except ValueError as exc:
                     problems.append(f"{dwhere}: {exc}")
                     continue
+                if dname == "Translator" and settings is not None:
+                    problems += _continuous_ignores(batch, settings.translation, dwhere)
                 ongoing = dep.get("max_ongoing_requests")
                 if isinstance(ongoing, int) and ongoing < batch.max_batch_size:
                     problems.append(
@@ -125,7 +132,7 @@ def check_config(config: dict[str, Any]) -> list[str]:
 def _placed_batch_configs(user_config: Any, placed: dict[str, str], where: str) -> list[str]:
     """The Ingress's user_config: a batch config (as the model deployment's own user_config) per
     model placed in the Ingress, keyed by that model's deployment name."""
-    from deployments._config import parse_batch_config
+    from deployments.batch_config import parse_batch_config
 
     if not isinstance(user_config, dict):
         return [f"{where}.user_config: must map the names of models placed in the Ingress to their batch "
@@ -141,6 +148,21 @@ def _placed_batch_configs(user_config: Any, placed: dict[str, str], where: str) 
         except ValueError as exc:
             problems.append(f"{where}.user_config.{name}: {exc}")
     return problems
+
+
+#: Translator batch knobs that only the static path (`@serve.batch` + generate) uses
+_STATIC_ONLY_KNOBS = ("max_batch_tokens", "target_p99_batch_latency_s")
+
+
+def _continuous_ignores(batch: Any, translation: Any, where: str) -> list[str]:
+    """With `translation.scheduling: continuous` the decoding loop owns the batch: batch knobs of the
+    static path would be silently ignored, so they are errors (the loop's own are args)."""
+    if translation.scheduling != "continuous":
+        return []
+    given = batch.user_config()
+    return [f"{where}.user_config.{knob}={given[knob]!r} has no effect with args.translation.scheduling="
+            f"'continuous' (the decoding loop's limits are args.translation.max_running_sequences and "
+            f"max_cached_tokens): remove it" for knob in _STATIC_ONLY_KNOBS if knob in given]
 
 
 def _autoscaler_visibility(app: dict, settings: Any, model_names: tuple, where: str) -> list[str]:

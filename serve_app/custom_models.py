@@ -1,105 +1,60 @@
-"""Bring your own model: what a model module must define, checked at configuration time.
+"""Your own models (`models:`) as the ingress sees them: their inputs checked, their /v1/models card.
 
-A model module (see `examples/iris_classifier.py`) is a plain Python module with
-
-- ``class Input(pydantic.BaseModel)``: one item of a request;
-- ``class Output(pydantic.BaseModel)``: the answer for one item;
-- ``def load(**options)``: builds the model, once per replica at start-up (``options`` come
-  from the Serve config);
-- ``def predict(model, inputs: list[Input]) -> list[Output]``: one batch, the outputs in the
-  inputs' order;
-- optionally ``def describe(model) -> dict``: shown in ``/v1/models`` (accuracy, classes, ...).
-
-The ingress imports the module for its schemas only (it never calls ``load``), so keep heavy
-imports (scikit-learn, torch) inside ``load``/``predict``. No Ray here: the settings and the
-unit tests use it.
+The model-module contract itself (Input, Output, load, predict, describe) is the model side's:
+deployments/model_module.py; the replica that runs one is deployments/custom_model.py.
 """
 
 from __future__ import annotations
 
-import importlib
-import inspect
-import re
 from dataclasses import dataclass
-from types import ModuleType
-from typing import Any, Callable, Optional
+from typing import Any
 
-from pydantic import BaseModel
+from pydantic import ValidationError
 
-#: a model's name: its URL segment (`/models/<name>/predict`) and its deployment's suffix
-MODEL_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
+from deployments.model_module import ModelModule, import_model_module
 
-#: Serve deployment of the custom model `<name>`; the dot cannot occur in a model name, so
-#: these names never collide with Ingress, Translator or Embedder
-DEPLOYMENT_PREFIX = "Model."
-
-_DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
-
-
-def deployment_name(model_name: str) -> str:
-    """The Serve deployment (and `deployments:` entry of the Serve config) of a custom model."""
-    return f"{DEPLOYMENT_PREFIX}{model_name}"
+from .errors import InvalidRequest, describe_validation_errors
+from .model_clients import ModelClient
+from .settings import AppSettings
 
 
 @dataclass(frozen=True)
-class ModelModule:
-    """A checked model module: its path and the pieces the deployment and the ingress use."""
+class CustomModel:
+    """A custom model as the ingress sees it: the client of its deployment (or of the model placed
+    in this Ingress) and its module, imported for the `Input` / `Output` schemas only (`load` runs
+    where the model runs)."""
 
-    path: str
-    module: ModuleType
-    Input: type[BaseModel]
-    Output: type[BaseModel]
-    load: Callable[..., Any]
-    predict: Callable[[Any, list], Any]
-    describe: Optional[Callable[[Any], dict]]
+    name: str
+    client: ModelClient
+    module: ModelModule
+    #: `deployment` or `ingress` (its `models[].placement`), shown on its /v1/models card
+    placement: str
 
-    def check_options(self, options: dict[str, Any]) -> None:
-        """Raise (quoting the options) unless `load(**options)` fits load's signature."""
-        signature = inspect.signature(self.load)
-        try:
-            signature.bind(**options)
-        except TypeError as exc:
-            raise ValueError(
-                f"options {options!r} do not fit {self.path}.load{signature}: {exc}"
-            ) from None
+    def validate(self, inputs: list[Any]) -> list[dict]:
+        """Each input checked against the module's `Input` (422 quoting every bad field), as the
+        JSON-ready dicts sent to the replica."""
+        items, errors = [], []
+        for i, raw in enumerate(inputs):
+            try:
+                items.append(self.module.Input.model_validate(raw).model_dump(mode="json"))
+            except ValidationError as exc:
+                errors += [{**e, "loc": ("inputs", i, *e["loc"])} for e in exc.errors()]
+        if errors:
+            raise InvalidRequest(describe_validation_errors(errors))
+        return items
 
-
-def _is_model_class(value: Any) -> bool:
-    return inspect.isclass(value) and issubclass(value, BaseModel)
-
-
-def _takes_two_positional(fn: Callable) -> bool:
-    try:
-        inspect.signature(fn).bind(object(), [])
-    except (TypeError, ValueError):
-        return False
-    return True
+    def card(self, info: dict) -> dict[str, Any]:
+        """The model's /v1/models entry."""
+        return {"id": self.name, "task": "prediction", "deployment": info["deployment"], "placement": self.placement,
+                "backend": info["backend"], "batching": info["batching"],
+                "details": {"module": info["module"], **info["details"]},
+                "input_schema": self.module.Input.model_json_schema(),
+                "output_schema": self.module.Output.model_json_schema()}
 
 
-def import_model_module(path: str) -> ModelModule:
-    """Import `path` and check it is a model module; raise ValueError quoting `path` otherwise."""
-    if not isinstance(path, str) or not _DOTTED.fullmatch(path):
-        raise ValueError(f"module {path!r} is not a dotted import path (e.g. 'examples.iris_classifier')")
-    try:
-        module = importlib.import_module(path)
-    except ModuleNotFoundError as exc:
-        raise ValueError(f"module {path!r} cannot be imported: {exc}") from None
-    except Exception as exc:  # the module itself raised while importing
-        raise ValueError(f"module {path!r} failed to import: {type(exc).__name__}: {exc}") from None
-    problems = []
-    for name in ("Input", "Output"):
-        if not _is_model_class(getattr(module, name, None)):
-            problems.append(f"{name} must be a pydantic BaseModel subclass (found {getattr(module, name, None)!r})")
-    for name in ("load", "predict"):
-        if not callable(getattr(module, name, None)):
-            problems.append(f"{name} must be a function (found {getattr(module, name, None)!r})")
-    predict = getattr(module, "predict", None)
-    if callable(predict) and not _takes_two_positional(predict):
-        problems.append(f"predict must take (model, inputs); its signature is {inspect.signature(predict)}")
-    describe = getattr(module, "describe", None)
-    if describe is not None and not callable(describe):
-        problems.append(f"describe, when present, must be a function (found {describe!r})")
-    if problems:
-        raise ValueError(f"module {path!r} is not a model module: " + "; ".join(problems))
-    return ModelModule(path=path, module=module, Input=module.Input, Output=module.Output, load=module.load,
-                       predict=module.predict, describe=describe)
+def custom_models(settings: AppSettings, clients: dict[str, ModelClient]) -> dict[str, CustomModel]:
+    missing = [spec.name for spec in settings.models if spec.name not in clients]
+    if missing:
+        raise ValueError(f"no deployment client for the custom models {missing!r}")
+    return {spec.name: CustomModel(spec.name, clients[spec.name], import_model_module(spec.module), spec.placement)
+            for spec in settings.models}

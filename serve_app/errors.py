@@ -17,6 +17,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from deployments.errors import describe_exception
+
 logger = logging.getLogger("serve_app")
 
 #: where an error response records its `error_type` in the ASGI scope, for the access log and metrics
@@ -179,5 +181,5 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        logger.exception("unhandled error: %r", exc)
+        logger.error("unhandled error on %s %s: %s", request.method, request.url.path, describe_exception(exc))
         return InternalError("Internal error; it has been logged.").to_response(request.scope)

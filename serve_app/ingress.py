@@ -1,7 +1,7 @@
 """The ingress deployment: Serve's HTTP entry, mounting the FastAPI app of `api.py`.
 
 It may also hold models: a model with `placement: ingress` (settings) has no deployment of its
-own; each Ingress replica loads it and batches its requests in-process (`PlacedModels`).
+own; each Ingress replica loads it and batches its requests in-process (serve_app/placement.py).
 """
 
 from __future__ import annotations
@@ -10,13 +10,14 @@ import logging
 from typing import Any, Optional
 
 from ray import serve
-from ray.serve.handle import DeploymentHandle
 
-from . import middleware
+from deployments.health import ReplicaHealth
+
+from . import auth, middleware
 from .api import app, set_service
 from .cache import CacheMetrics, ResponseCache
-from .clients import INGRESS_DEPLOYMENT, HandleClient, LocalClient, ModelClient
-from .custom_models import deployment_name
+from .model_clients import INGRESS_DEPLOYMENT
+from .placement import Handle, PlacedModels, handle_client, model_clients
 from .service import Service
 from .settings import AppSettings
 
@@ -27,76 +28,20 @@ logger = logging.getLogger("ray.serve")
 INGRESS_MAX_ONGOING_REQUESTS = 512
 
 
-class PlacedModels:
-    """The models placed in this Ingress replica (`placement: ingress`), by deployment name: each is
-    the model deployment's own class (deployments/), constructed as its replica would be, behind a
-    `LocalClient`. Their batch knobs start at the deployments' defaults; `reconfigure` (the
-    Ingress's `user_config`) sets them."""
-
-    def __init__(self, settings: AppSettings):
-        from deployments.custom_model import CustomModel
-        from deployments.embedder import Embedder
-        from deployments.translator import Translator
-
-        placed = settings.placed_in_ingress()
-        self.clients: dict[str, LocalClient] = {}
-        for name, cls, section in (("Translator", Translator, settings.translation),
-                                   ("Embedder", Embedder, settings.embeddings)):
-            if name in placed:
-                self.clients[name] = LocalClient(name, cls.func_or_class(section.model_dump()))
-        for spec in settings.models:  # custom models (`models:`), as their `Model.<name>` replica
-            name = deployment_name(spec.name)
-            if name in placed:
-                self.clients[name] = LocalClient(name, CustomModel.func_or_class(spec.model_dump()))
-
-    def names(self) -> list[str]:
-        return sorted(self.clients)
-
-    def reconfigure(self, user_config: Optional[dict]) -> None:
-        """`{Translator: {max_batch_size: 32, ...}, Embedder: {...}, Model.iris: {...}}`: each model's
-        batch config, as its own deployment's `user_config` would carry it."""
-        unknown = sorted(set(user_config or {}) - set(self.clients))
-        if unknown:
-            raise ValueError(f"Ingress user_config has {unknown!r}, but the models placed in the Ingress are "
-                             f"{self.names()!r} (a model's `placement: ingress` puts it here)")
-        for name, batch in (user_config or {}).items():
-            self.clients[name].replica.reconfigure(batch)
-
-    def check_health(self) -> None:
-        for client in self.clients.values():
-            client.replica.check_health()
-
-    async def call(self, name: str, method: str, *args: Any, **kwargs: Any) -> Any:
-        if name not in self.clients:
-            raise ValueError(f"no model {name!r} is placed in the Ingress (placed: {self.names()!r})")
-        return await self.clients[name].call(method, *args, **kwargs)
-
-
-def build_service(settings: AppSettings, placed: PlacedModels, translator: Optional[DeploymentHandle],
-                  embedder: Optional[DeploymentHandle], models: Optional[dict[str, Optional[DeploymentHandle]]] = None,
-                  jobs: Optional[DeploymentHandle] = None) -> Service:
-    """The ingress's Service: a client per model (its deployment's handle, or the model placed here
-    when there is no handle), the response cache and the job store's client."""
-    retry = settings.ingress.retry_after_s
-    retry_timeout = settings.ingress.replica_retry_timeout_s
-
-    def handle_client(name: str, handle: DeploymentHandle) -> HandleClient:
-        return HandleClient(name, handle, retry_after_s=retry, retry_timeout_s=retry_timeout)
-
-    def model_client(name: str, handle: Optional[DeploymentHandle]) -> ModelClient:
-        return placed.clients[name] if handle is None else handle_client(name, handle)
-
+def build_service(settings: AppSettings, placed: PlacedModels, translator: Handle, embedder: Handle,
+                  models: Optional[dict[str, Handle]] = None, jobs: Handle = None) -> Service:
+    """The ingress's Service: a client per model (serve_app/placement.py: its deployment's handle,
+    or the model placed here when there is no handle), the response cache and the job store's client."""
+    clients = model_clients(settings, translator, embedder, models, placed=lambda name: placed.clients[name])
     return Service(
         settings,
-        translator=model_client("Translator", translator),
-        embedder=model_client("Embedder", embedder),
-        # custom models (`models:`): name -> the client of its deployment `Model.<name>`, or of the
-        # model placed here (no handle)
-        models={name: model_client(deployment_name(name), handle) for name, handle in (models or {}).items()},
+        translator=clients.translator,
+        embedder=clients.embedder,
+        models=clients.models,
         # One cache per ingress replica, in its memory (None when cache.enabled is false).
         cache=ResponseCache.from_settings(settings.cache, observer=CacheMetrics.in_serve()),
         # the JobManager deployment (POST /jobs), None when jobs.enabled is false
-        jobs=handle_client("JobManager", jobs) if jobs is not None else None,
+        jobs=handle_client(settings, "JobManager", jobs) if jobs is not None else None,
     )
 
 
@@ -108,9 +53,12 @@ def build_service(settings: AppSettings, placed: PlacedModels, translator: Optio
 )
 @serve.ingress(app)
 class Ingress:
-    def __init__(self, translator: Optional[DeploymentHandle], embedder: Optional[DeploymentHandle], settings: dict,
-                 models: Optional[dict[str, Optional[DeploymentHandle]]] = None, jobs: Optional[DeploymentHandle] = None):
+    def __init__(self, translator: Handle, embedder: Handle, settings: dict,
+                 models: Optional[dict[str, Handle]] = None, jobs: Handle = None):
+        # API keys are not in `settings` (never dumped): validation reads this replica's environment.
         self.settings = AppSettings.model_validate(settings)
+        self.health = ReplicaHealth(INGRESS_DEPLOYMENT)
+        auth.startup_check(self.settings.ingress, auth.serve_http_host())
         # Models with `placement: ingress` (no deployment of their own, so no handle) load here.
         self.placed = PlacedModels(self.settings)
         set_service(build_service(self.settings, self.placed, translator, embedder, models, jobs))
@@ -125,8 +73,15 @@ class Ingress:
         self.placed.reconfigure(user_config)
 
     def check_health(self) -> None:
-        """A model placed here that keeps failing marks this replica unhealthy, as it would its own."""
+        """A model placed here that keeps failing marks this replica unhealthy, as it would its own;
+        so does a graceful shutdown already done (ReplicaHealth.shut_down)."""
+        self.health.check()
         self.placed.check_health()
+
+    def __del__(self) -> None:
+        """Serve calls this at the end of a graceful shutdown."""
+        if hasattr(self, "health"):
+            self.health.shut_down()
 
     async def call_placed(self, name: str, method: str, *args: Any, **kwargs: Any) -> Any:
         """A call to a model placed in this Ingress from another deployment (the JobManager's job work)."""

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import time
 import uuid
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
-from .errors import ERROR_TYPE_SCOPE_KEY, Forbidden, Overloaded, PayloadTooLarge, ShuttingDown, Unauthorized
+from .admission import DRAIN, AdmissionControl, DrainState  # noqa: F401  (re-exported: one DRAIN per process)
+from .auth import REQUEST_KEY_ID, KeySet
+from .errors import ERROR_TYPE_SCOPE_KEY, Forbidden, PayloadTooLarge, Unauthorized
 
 if TYPE_CHECKING:  # pragma: no cover
     from .observability import RequestRecorder
@@ -66,85 +66,6 @@ class BodySizeLimit:
         await response(scope, receive, send)
 
 
-class AdmissionControl:
-    """Sheds load at the door: beyond `limit()` requests in flight on this ingress
-    replica, a model route answers 503 + Retry-After at once (JSON body) instead of
-    queueing toward a timeout. Admitted requests always run to completion.
-
-    Ray's proxy would otherwise queue excess requests without bound, or (with
-    `max_queued_requests` on the ingress) answer a plain-text 503 with no
-    Retry-After; shedding here gives clients the project's error body.
-    """
-
-    def __init__(self, app, limit: Callable[[], int], retry_after_s: Callable[[], int],
-                 paths: tuple[str, ...] = ("/translation", "/embeddings", "/v1/embeddings", "/jobs"),
-                 prefixes: tuple[str, ...] = ("/models/",)):
-        self.app = app
-        self.limit = limit
-        self.retry_after_s = retry_after_s
-        self.paths = paths
-        #: model routes with a variable part (`/models/<name>/predict`)
-        self.prefixes = prefixes
-        self.shed = 0
-
-    @property
-    def in_flight(self) -> int:
-        return DRAIN.in_flight
-
-    async def __call__(self, scope, receive, send):
-        path = scope.get("path") or ""
-        if scope["type"] != "http" or (path not in self.paths and not path.startswith(self.prefixes)):
-            return await self.app(scope, receive, send)
-        if DRAIN.draining:
-            retry = self.retry_after_s()
-            response = ShuttingDown(
-                f"The service is shutting down; retry after {retry} s.", retry_after_s=retry
-            ).to_response(scope)
-            return await response(scope, receive, send)
-        if DRAIN.in_flight >= self.limit():
-            self.shed += 1
-            retry = self.retry_after_s()
-            response = Overloaded(
-                f"The service is at capacity ({self.in_flight} requests in flight); retry after {retry} s.",
-                retry_after_s=retry,
-            ).to_response(scope)
-            return await response(scope, receive, send)
-        DRAIN.in_flight += 1
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            DRAIN.in_flight -= 1
-
-
-class DrainState:
-    """Model requests in flight on this ingress replica, and whether it is draining.
-
-    Module-level (not on the middleware instance) so that `Ingress.drain()` sees the
-    same counter the middleware keeps: Serve pickles the app, but this module is
-    imported, not copied, in the replica.
-    """
-
-    def __init__(self) -> None:
-        self.in_flight = 0
-        self.draining = False
-
-    async def drain(self, timeout_s: float, poll_s: float = 0.05) -> dict:
-        """Refuse new model requests (503 shutting_down) and wait for admitted ones to finish."""
-        import asyncio
-        import time
-
-        self.draining = True
-        start = time.monotonic()
-        at_start = self.in_flight
-        while self.in_flight > 0 and time.monotonic() - start < timeout_s:
-            await asyncio.sleep(poll_s)
-        return {"in_flight_at_start": at_start, "in_flight_left": self.in_flight,
-                "waited_s": round(time.monotonic() - start, 3)}
-
-
-DRAIN = DrainState()
-
-
 # --- authentication, CORS -----------------------------------------------------------------
 
 #: routes that never need an API key: probes, and the API's own description
@@ -171,41 +92,61 @@ def presented_key(scope) -> Optional[str]:
 
 def key_matches(presented: str, keys: Sequence[str]) -> bool:
     """Constant-time: digests of equal length, compared against every key without stopping early."""
-    digest = hashlib.sha256(presented.encode("utf-8", "surrogatepass")).digest()
-    matched = False
-    for key in keys:
-        matched |= hmac.compare_digest(digest, hashlib.sha256(key.encode("utf-8")).digest())
-    return matched
+    return KeySet.of(keys).identify(presented) is not None
+
+
+#: Where ApiKeyAuth leaves the caller's identity, for the routes, the job store and admission
+#: control: `request.state.api_key_id` (scope["state"]["api_key_id"]), the id of the API key the
+#: request carried (serve_app.auth.key_id: a hash prefix, never the key), or None when no keys are
+#: configured. Stable interface: the jobs routes scope jobs with it; do not rename.
+API_KEY_ID_STATE = "api_key_id"
+
+
+def api_key_id_of(scope) -> Optional[str]:
+    """The id of the API key this request was authenticated with (None: keys are off)."""
+    return (scope.get("state") or {}).get(API_KEY_ID_STATE)
 
 
 class ApiKeyAuth:
-    """Optional API-key authentication: off while `keys()` is empty.
+    """API-key authentication: on while `keys()` (a serve_app.auth.KeySet) holds any key.
 
     401 (with `WWW-Authenticate: Bearer`) when no key is sent, 403 when the key is not
     one of the configured ones; OPEN_PATHS and CORS preflights pass without a key.
+    An admitted request carries its key's id in `request.state.api_key_id` and, for the
+    response cache, in the context variable `serve_app.auth.REQUEST_KEY_ID`.
     """
 
-    def __init__(self, app, keys: Callable[[], Sequence[str]], open_paths: tuple[str, ...] = OPEN_PATHS):
+    def __init__(self, app, keys: Callable[[], KeySet], open_paths: tuple[str, ...] = OPEN_PATHS):
         self.app = app
         self.keys = keys
         self.open_paths = open_paths
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope.get("path") in self.open_paths or scope["method"] == "OPTIONS":
+        if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        # A copy: a server may hand every request the same lifespan-state dict.
+        scope["state"] = {**(scope.get("state") or {}), API_KEY_ID_STATE: None}
         keys = self.keys()
-        if not keys:
-            return await self.app(scope, receive, send)
-        presented = presented_key(scope)
+        presented = presented_key(scope) if keys else None
+        # Open paths with a valid key still learn who calls (/readyz then shows details).
+        ident = keys.identify(presented) if presented is not None else None
+        if ident is not None or scope.get("path") in self.open_paths or scope["method"] == "OPTIONS" or not keys:
+            return await self._call_as(ident, scope, receive, send)
         if presented is None:
             response = Unauthorized(
                 "An API key is required: send `Authorization: Bearer <key>` or `X-API-Key: <key>`."
             ).to_response(scope)
             response.headers["WWW-Authenticate"] = 'Bearer realm="serve-app"'
             return await response(scope, receive, send)
-        if not key_matches(presented, keys):
-            return await Forbidden("The API key is not valid.").to_response(scope)(scope, receive, send)
-        await self.app(scope, receive, send)
+        return await Forbidden("The API key is not valid.").to_response(scope)(scope, receive, send)
+
+    async def _call_as(self, ident: Optional[str], scope, receive, send):
+        scope["state"][API_KEY_ID_STATE] = ident
+        token = REQUEST_KEY_ID.set(ident)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            REQUEST_KEY_ID.reset(token)
 
 
 class LazyCORS:

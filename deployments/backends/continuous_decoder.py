@@ -1,0 +1,282 @@
+"""Iteration-level ("continuous") greedy decoding for encoder-decoder translation models.
+
+`ContinuousDecoder` owns a running batch of sequences. Each `step()` feeds every running
+sequence its last token and appends the next one; sequences join between steps (`join`:
+their sources are encoded together, their cross-attention keys/values computed once) and
+leave as soon as they are finished (end-of-sentence, or their own `max_new_tokens`).
+`step(compact=False)` keeps a finished row in the tensors, masked and no longer advancing,
+until the next `compact()` or `join()`: its output is returned at once, but the caches are
+reshuffled once for many leavers (on a GPU a step costs kernel launches, not arithmetic).
+
+How sequences of different ages share one batch (the outputs must equal single-input
+`model.generate`, token for token):
+
+* self-attention cache: one tensor per layer of shape (rows, heads, L, head_dim), rows
+  *left-padded*: a row that has fed n tokens holds them in the last n of the L columns; a
+  per-row attention mask hides the padding. A joining row starts with L zero (masked)
+  columns. When the longest row leaves, columns no row needs are cut off.
+* cross-attention: keys/values of each row's encoder states, right-padded to the longest
+  source in the batch, with the rows' encoder attention masks.
+* positions: every row gets its own position (tokens it has fed), so the decoder's
+  position embeddings are computed here, per row (the model's own decoder forward uses one
+  offset for the whole batch); the layers themselves are the model's, called as the
+  model's decoder calls them, with the model's attention implementation and masks.
+* logits: the processors greedy `generate` applies for these models (bad words,
+  min_length, min_new_tokens, forced BOS, forced EOS at the last step), per row, in
+  `generate`'s order; anything else in the generation config is refused at construction.
+
+Supported: Marian (``marian``) and M2M100/NLLB (``m2m_100``). Pure torch, no threads.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+from torch.nn import functional as F
+
+from .generation_rules import UnsupportedModel, generation_rules
+
+SUPPORTED_MODEL_TYPES = ("marian", "m2m_100")
+
+
+@dataclass
+class DecodeRequest:
+    """One sequence to decode: its source token ids, its limits, and an opaque tag for the caller."""
+
+    input_ids: list[int]
+    max_new_tokens: int
+    min_new_tokens: Optional[int] = None
+    forced_bos_token_id: Optional[int] = None
+    tag: Any = None
+
+
+@dataclass
+class _Row:
+    request: DecodeRequest
+    ids: list[int] = field(default_factory=list)  # decoder tokens: start token, then generated ones
+    done: bool = False  # finished, still in the tensors until the next compaction
+
+
+class ContinuousDecoder:
+    """A running batch of greedy decodes over one seq2seq model (see the module docstring)."""
+
+    def __init__(self, model, pad: Callable[[list[list[int]]], tuple[torch.Tensor, torch.Tensor]]):
+        """`pad(rows)`: token id lists -> (input_ids, attention_mask), padded as the tokenizer pads."""
+        model_type = getattr(model.config, "model_type", None)
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise UnsupportedModel(f"continuous decoding supports model types {SUPPORTED_MODEL_TYPES}, "
+                                   f"not {model_type!r}")
+        self.model, self.model_type = model, model_type
+        self.config = model.config
+        self.encoder, self.decoder = model.get_encoder(), model.get_decoder()
+        self._pad = pad
+        rules = generation_rules(model)
+        self.eos_ids, self.start_id, self.min_length = rules["eos"], rules["start"], rules["min_length"]
+        self.forced_eos, self.bad_ids = rules["forced_eos"], rules["bad"]
+        #: longest output the decoder's position table allows (Marian's is fixed; M2M100's grows)
+        self.max_new_tokens_limit: Optional[int] = (
+            int(model.config.max_position_embeddings) - 1 if model_type == "marian" else None)
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self._reset()
+
+    # ------------------------------------------------------------------ state
+
+    def _reset(self) -> None:
+        self._rows: list[_Row] = []  # every row of the tensors, finished ones not yet compacted included
+        self._self_kv: list[Optional[tuple[torch.Tensor, torch.Tensor]]] = [None] * len(self.decoder.layers)
+        self._cross_kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._enc_mask: Optional[torch.Tensor] = None  # (rows, S) of 0/1
+
+    @property
+    def rows(self) -> list[_Row]:
+        """The rows still decoding."""
+        return [row for row in self._rows if not row.done]
+
+    @property
+    def running(self) -> int:
+        return sum(not row.done for row in self._rows)
+
+    def _self_columns(self) -> int:
+        first = self._self_kv[0]
+        return 0 if first is None else first[0].shape[2]
+
+    def cached_tokens(self) -> int:
+        """Token slots the caches hold now (padding included): rows x (self columns + source columns)."""
+        source = 0 if self._enc_mask is None else self._enc_mask.shape[1]
+        return len(self._rows) * (self._self_columns() + source)
+
+    def projected_tokens(self, joining: Sequence[DecodeRequest] = ()) -> int:
+        """The most token slots the caches can reach (padding included) if `joining` joins now: every
+        row runs to its max_new_tokens, no row leaves."""
+        rows = [r.request for r in self.rows] + list(joining)
+        if not rows:
+            return 0
+        longest_out = max(r.max_new_tokens + 1 for r in rows)
+        longest_in = max(len(r.input_ids) for r in rows)
+        return len(rows) * (longest_out + longest_in)
+
+    # ------------------------------------------------------------------ joining and leaving
+
+    @torch.inference_mode()
+    def join(self, requests: Sequence[DecodeRequest]) -> None:
+        """Encode `requests` (one padded encoder pass) and add them to the running batch; they take
+        their first step with the others at the next `step()`."""
+        if not requests:
+            return
+        self.compact()
+        ids, mask = (t.to(self.device) for t in self._pad([r.input_ids for r in requests]))
+        states = self.encoder(input_ids=ids, attention_mask=mask).last_hidden_state
+        cross = []
+        for layer in self.decoder.layers:
+            attn = layer.encoder_attn
+            shape = (states.shape[0], states.shape[1], -1, attn.head_dim)
+            cross.append((attn.k_proj(states).view(shape).transpose(1, 2),
+                          attn.v_proj(states).view(shape).transpose(1, 2)))
+        if not self._rows:
+            self._cross_kv, self._enc_mask = cross, mask
+        else:
+            width = max(self._enc_mask.shape[1], mask.shape[1])
+            pad = lambda t: F.pad(t, (0, 0, 0, width - t.shape[2]))  # noqa: E731 - (rows, heads, S, dim)
+            self._cross_kv = [(torch.cat([pad(k0), pad(k1)]), torch.cat([pad(v0), pad(v1)]))
+                              for (k0, v0), (k1, v1) in zip(self._cross_kv, cross)]
+            self._enc_mask = torch.cat([F.pad(self._enc_mask, (0, width - self._enc_mask.shape[1])),
+                                        F.pad(mask, (0, width - mask.shape[1]))])
+            if self._self_kv[0] is not None:
+                def widen(t: torch.Tensor) -> torch.Tensor:
+                    return torch.cat([t, t.new_zeros((len(requests),) + tuple(t.shape[1:]))])
+                self._self_kv = [(widen(k), widen(v)) for k, v in self._self_kv]
+        self._rows += [_Row(r, [self.start_id]) for r in requests]
+
+    def drop(self, tags: set) -> list[DecodeRequest]:
+        """Remove the rows whose request tag is in `tags` (cancelled); returns their requests."""
+        keep = [i for i, row in enumerate(self._rows) if row.request.tag not in tags]
+        dropped = [row.request for row in self._rows if row.request.tag in tags and not row.done]
+        if len(keep) < len(self._rows):
+            self._keep(keep)
+        return dropped
+
+    def compact(self) -> None:
+        """Take the finished rows out of the tensors (and the self-attention columns no row needs)."""
+        if any(row.done for row in self._rows):
+            self._keep([i for i, row in enumerate(self._rows) if not row.done])
+
+    def _keep(self, keep: list[int]) -> None:
+        if not keep:
+            self._reset()
+            return
+        index = torch.tensor(keep, device=self.device)
+        self._rows = [self._rows[i] for i in keep]
+        columns = max(len(row.ids) - 1 for row in self._rows)  # tokens fed: cached self columns
+        self._self_kv = [None if kv is None else tuple(t.index_select(0, index)[:, :, t.shape[2] - columns:]
+                                                       for t in kv) for kv in self._self_kv]
+        mask = self._enc_mask.index_select(0, index)
+        used = mask.any(dim=0).nonzero()
+        width = int(used.max()) + 1 if used.numel() else 0
+        self._enc_mask = mask[:, :width]
+        self._cross_kv = [tuple(t.index_select(0, index)[:, :, :width] for t in kv) for kv in self._cross_kv]
+
+    # ------------------------------------------------------------------ one step
+
+    @torch.inference_mode()
+    def step(self, compact: bool = True) -> list[tuple[DecodeRequest, list[int]]]:
+        """One decoder step for every running row; returns the rows it finished: (request, decoder
+        ids: start token, generated tokens, end-of-sentence if emitted). They leave the tensors now
+        with `compact` (or when no row is left running), else at the next `compact()` / `join()`."""
+        if not self.running:
+            self._reset()
+            return []
+        from transformers.cache_utils import DynamicCache, DynamicLayer, EncoderDecoderCache
+        from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
+
+        rows, dev = self._rows, self.device
+        fed = torch.tensor([len(r.ids) - 1 for r in rows], device=dev)  # each row's position
+        tokens = torch.tensor([[r.ids[-1]] for r in rows], device=dev)
+        hidden = self._embed(tokens, fed)
+        columns = self._self_columns()
+        self_mask = (torch.arange(columns + 1, device=dev)[None, :] >= (columns - fed)[:, None]).long()
+
+        def layers(kvs) -> list:
+            made = []
+            for kv in kvs:
+                layer = DynamicLayer()
+                if kv is not None:
+                    layer.lazy_initialization(*kv)
+                    layer.keys, layer.values = kv
+                made.append(layer)
+            return made
+        self_cache, cross_cache = DynamicCache(), DynamicCache()
+        self_cache.layers, cross_cache.layers = layers(self._self_kv), layers(self._cross_kv)
+        cache = EncoderDecoderCache(self_cache, cross_cache)
+        cache.is_updated = {i: True for i in range(len(self._cross_kv))}
+        # The layers read cross keys/values from the cache; the states only have to have their shape.
+        enc_states = hidden.new_zeros(()).expand(len(rows), self._enc_mask.shape[1], hidden.shape[-1])
+        causal = create_causal_mask(config=self.config, inputs_embeds=hidden, attention_mask=self_mask,
+                                    past_key_values=self_cache)
+        cross_mask = create_bidirectional_mask(config=self.config, inputs_embeds=hidden,
+                                               attention_mask=self._enc_mask, encoder_hidden_states=enc_states)
+        for layer in self.decoder.layers:
+            hidden = layer(hidden, causal, enc_states, encoder_attention_mask=cross_mask,
+                           past_key_values=cache, use_cache=True)
+        if self.model_type == "m2m_100":
+            hidden = self.decoder.layer_norm(hidden)
+        logits = self.model.lm_head(hidden)
+        if self.model_type == "marian":
+            logits = logits + self.model.final_logits_bias
+        scores = logits[:, -1, :].to(dtype=torch.float32)
+        self._self_kv = [(layer.keys, layer.values) for layer in self_cache.layers]
+        next_ids = self._choose(scores).tolist()
+
+        finished = []
+        for row, token in zip(rows, next_ids):
+            if row.done:  # masked passenger until the next compaction: it keeps its position
+                continue
+            row.ids.append(token)
+            if token in self.eos_ids or len(row.ids) - 1 >= row.request.max_new_tokens:
+                row.done = True
+                finished.append((row.request, row.ids))
+        if finished and (compact or not self.running):
+            self.compact()
+        return finished
+
+    def _embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Token + position embeddings of one token per row, each at its own position (as the
+        model's decoder computes them for a batch whose rows all sit at that position)."""
+        dec = self.decoder
+        if self.model_type == "marian":
+            return dec.embed_tokens(tokens) * dec.embed_scale + F.embedding(positions[:, None],
+                                                                           dec.embed_positions.weight)
+        table = dec.embed_positions
+        index = positions + table.padding_idx + 1
+        if int(index.max()) >= table.weights.size(0):
+            table.make_weights(int(index.max()) + 1 + table.offset, table.embedding_dim, table.padding_idx)
+        position = table.weights.index_select(0, index).view(len(tokens), 1, -1).to(tokens.device)
+        return dec.embed_tokens(tokens) + position
+
+    def _choose(self, scores: torch.Tensor) -> torch.Tensor:
+        """`generate`'s greedy choice after its logits processors, per row (same order as generate)."""
+        neg = -math.inf
+        if self.bad_ids:
+            scores[:, self.bad_ids] = neg
+        cur = torch.tensor([len(r.ids) for r in self._rows], device=scores.device)
+        min_new = torch.tensor([r.request.min_new_tokens or 0 for r in self._rows], device=scores.device)
+        suppress = ((cur < self.min_length) | (cur - 1 < min_new)).nonzero().flatten()
+        if suppress.numel():
+            scores[suppress[:, None], torch.tensor(self.eos_ids, device=scores.device)[None, :]] = neg
+        for i, row in enumerate(self._rows):
+            if row.done:
+                continue
+            bos = row.request.forced_bos_token_id
+            if bos is not None and len(row.ids) == 1:
+                scores[i] = neg
+                scores[i, bos] = 0
+            if self.forced_eos and len(row.ids) == row.request.max_new_tokens:  # max_length - 1
+                scores[i] = neg
+                scores[i, self.forced_eos] = 0
+        return scores.argmax(dim=-1)
+
+
+__all__ = ["ContinuousDecoder", "DecodeRequest", "SUPPORTED_MODEL_TYPES", "UnsupportedModel"]

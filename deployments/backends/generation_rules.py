@@ -1,0 +1,39 @@
+"""What greedy `generate` applies for a seq2seq model's generation config, read once for the continuous
+decoder (continuous_decoder.py), which applies the same per row: or `UnsupportedModel` when the config
+asks for a logits processor it does not apply (its outputs would differ from `generate`'s)."""
+
+from __future__ import annotations
+
+#: generation-config fields whose logits processors this decoder does not apply: (field, neutral value)
+_UNSUPPORTED = (
+    ("repetition_penalty", 1.0), ("encoder_repetition_penalty", 1.0), ("no_repeat_ngram_size", 0),
+    ("encoder_no_repeat_ngram_size", 0), ("sequence_bias", None), ("suppress_tokens", None),
+    ("begin_suppress_tokens", None), ("exponential_decay_length_penalty", None), ("guidance_scale", None),
+    ("stop_strings", None), ("max_time", None), ("renormalize_logits", False), ("remove_invalid_values", False),
+)
+
+
+class UnsupportedModel(ValueError):
+    """The model (or its generation config) cannot be decoded continuously with equal outputs."""
+
+
+def generation_rules(model) -> dict:
+    """The bans, end-of-sentence ids, forced ids and start token greedy `generate` uses for `model`."""
+    gen = model.generation_config
+    for name, neutral in _UNSUPPORTED:
+        value = getattr(gen, name, None)
+        if value is not None and value != neutral and value not in ([], {}):
+            raise UnsupportedModel(f"continuous decoding does not apply generation_config.{name}={value!r}")
+    bad = getattr(gen, "bad_words_ids", None) or []
+    if any(len(words) != 1 for words in bad):
+        raise UnsupportedModel(f"continuous decoding only bans single-token bad_words_ids, got {bad!r}")
+    eos = gen.eos_token_id if gen.eos_token_id is not None else model.config.eos_token_id
+    forced_eos = gen.forced_eos_token_id
+    start = gen.decoder_start_token_id
+    if start is None:
+        start = model.config.decoder_start_token_id
+    as_list = lambda v: [] if v is None else (list(v) if isinstance(v, (list, tuple)) else [v])  # noqa: E731
+    if start is None or not as_list(eos):
+        raise UnsupportedModel("the model names no decoder_start_token_id or eos_token_id")
+    return {"bad": [w[0] for w in bad], "eos": as_list(eos), "forced_eos": as_list(forced_eos),
+            "start": int(start), "min_length": int(getattr(gen, "min_length", 0) or 0)}

@@ -1,0 +1,94 @@
+"""Where a Hugging Face seq2seq model comes from and where it runs: the device, the dtype, its
+folder or hub id, its tokenizer and weights. Every load failure is a `ModelLoadError`."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+
+from .base import BackendError, ModelLoadError
+
+_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
+
+_DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?)$")
+
+
+def resolve_device(device: str = "auto") -> str:
+    """``"auto"`` -> ``"cuda"`` when CUDA is available, else ``"cpu"``.
+
+    ``"cpu"``, ``"cuda"`` and ``"cuda:N"`` are returned as given; asking for
+    CUDA on a machine without it raises :class:`BackendError`.
+    """
+    dev = (device or "auto").strip().lower()
+    if dev == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if not _DEVICE_RE.match(dev):
+        raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    if dev.startswith("cuda") and not torch.cuda.is_available():
+        raise BackendError(f"device {device!r} requested but CUDA is not available")
+    return dev
+
+
+def resolve_dtype(dtype: str = "auto", device: str = "cpu") -> torch.dtype:
+    """``"auto"`` -> float16 on CUDA, float32 on CPU; else the named dtype.
+
+    Accepts ``float32``/``float16``/``bfloat16`` (and ``fp32``/``fp16``/``bf16``).
+    """
+    name = (dtype or "auto").strip().lower()
+    if name == "auto":
+        return torch.float16 if str(device).startswith("cuda") else torch.float32
+    try:
+        return _DTYPES[name]
+    except KeyError:
+        raise ValueError(f"dtype must be 'auto', 'float32', 'float16' or 'bfloat16', got {dtype!r}") from None
+
+
+def _looks_like_path(model: str) -> bool:
+    return model.startswith(("/", ".", "~")) or Path(model).is_absolute()
+
+
+def model_source(model: str) -> str:
+    """The hub id as given, or the local folder expanded; a missing folder is a :class:`ModelLoadError`."""
+    if not _looks_like_path(model):
+        return model
+    path = Path(model).expanduser()
+    if not path.exists():
+        raise ModelLoadError(f"model folder {model!r} does not exist")
+    if not path.is_dir():
+        raise ModelLoadError(f"model path {model!r} is not a folder")
+    return str(path)
+
+
+def load_tokenizer(source: str, local_files_only: bool):
+    """``AutoTokenizer.from_pretrained``; any failure is a :class:`ModelLoadError` naming the source."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(source, local_files_only=local_files_only)
+    except Exception as exc:  # noqa: BLE001 - any loader failure is a load error
+        raise ModelLoadError(f"cannot load tokenizer from {source!r}: {type(exc).__name__}: {exc}") from exc
+
+
+def load_seq2seq(model: str, source: str, dtype: torch.dtype, device: str, local_files_only: bool):
+    """`AutoModelForSeq2SeqLM.from_pretrained(source)` on `device`, in eval mode; an encoder-decoder only."""
+    from transformers import AutoModelForSeq2SeqLM
+
+    try:
+        seq2seq = AutoModelForSeq2SeqLM.from_pretrained(source, dtype=dtype, local_files_only=local_files_only)
+        seq2seq.to(device)
+        seq2seq.eval()
+    except Exception as exc:  # noqa: BLE001
+        raise ModelLoadError(f"cannot load model from {model!r}: {type(exc).__name__}: {exc}") from exc
+    if not getattr(seq2seq.config, "is_encoder_decoder", False):
+        raise ModelLoadError(f"model {model!r} is not an encoder-decoder (seq2seq) model")
+    return seq2seq

@@ -1,0 +1,276 @@
+"""Continuous (iteration-level) scheduling of translation: sequences join and leave the decoding
+batch at every step.
+
+`ContinuousScheduler` runs a `ContinuousDecoder` (deployments/backends/continuous_decoder.py) on
+its own thread. Callers submit calls (a language pair and some texts); each text becomes one
+sequence. Before every decoding step the scheduler admits waiting sequences, highest priority
+first (interactive before job records) and in arrival order, while the running batch stays
+within `max_running_sequences` and its projected cache (`ContinuousDecoder.projected_tokens`:
+every running sequence decoding to its max_new_tokens, padding included) within
+`max_cached_tokens`; the admitted ones are encoded together and take their first step with
+the others. A sequence leaves the batch at the step that finishes it; a call is answered as
+soon as its last sequence is done. With `join_interval_steps` N > 1, sequences join (and finished
+ones are taken out of the caches) only every N steps, or sooner when nothing runs or half a batch
+or more can join at once: one encoder pass and one cache reshuffle for many sequences, which is
+what a step costs on a GPU. A call cancelled by its caller (deadline passed, client
+gone) leaves at the next step, its sequences never computed further.
+
+No Ray here: the Translator deployment wires it in (deployments/continuous_translation.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future, InvalidStateError
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+from .backends.base import BackendError
+from .backends.continuous_decoder import DecodeRequest
+from .priority import Priority
+
+logger = logging.getLogger("ray.serve")
+
+#: (text, its source token ids) -> (max_new_tokens, min_new_tokens) of its sequence
+Limits = Callable[[str, list[int]], tuple[int, Optional[int]]]
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """One scheduler iteration: what metrics and health need."""
+
+    running: int  # sequences in the step
+    joined: int  # sequences that joined before it
+    finished: int  # sequences it finished
+    finished_by_priority: dict
+    seconds: float  # wall time of the join (encoder) and the step
+    cpu_seconds: float
+    cached_tokens: int  # token slots held by the caches after the step
+    dropped: int = 0  # sequences of cancelled calls taken out of the batch or the queue
+    failed: bool = False
+    error: Optional[BaseException] = None
+
+
+class _Call:
+    """One submitted call: its sequences' outputs and the future its caller awaits."""
+
+    __slots__ = ("future", "outputs", "left", "priority", "batch", "records")
+
+    def __init__(self, records: int, priority: int):
+        self.future: Future = Future()
+        self.outputs: list = [None] * records
+        self.left = self.records = records
+        self.priority = priority
+        self.batch = 0  # largest running batch one of its sequences was decoded in
+
+
+class ContinuousScheduler:
+    """The decoding thread and the queue of sequences waiting to join its batch.
+
+    `backend` is a TransformersBackend (its `continuous_decoder()`, `encode_texts`,
+    `forced_bos_token_id`, `decode_rows`). `on_step(outcome)` runs on the decoding thread.
+    """
+
+    def __init__(self, backend, *, max_running_sequences: int, max_cached_tokens: Optional[int],
+                 max_new_tokens: int, min_new_tokens: Optional[int] = None, join_interval_steps: int = 1,
+                 on_step: Optional[Callable[[StepOutcome], None]] = None, name: str = "continuous-decoder"):
+        if max_running_sequences < 1:
+            raise ValueError(f"max_running_sequences must be >= 1, got {max_running_sequences!r}")
+        if max_cached_tokens is not None and max_cached_tokens < 1:
+            raise ValueError(f"max_cached_tokens must be >= 1, got {max_cached_tokens!r}")
+        if join_interval_steps < 1:
+            raise ValueError(f"join_interval_steps must be >= 1, got {join_interval_steps!r}")
+        self.backend = backend
+        self.decoder = backend.continuous_decoder()
+        self._check_length(max_new_tokens, "max_new_tokens")
+        self.max_running_sequences = int(max_running_sequences)
+        self.max_cached_tokens = max_cached_tokens
+        self.join_interval_steps = int(join_interval_steps)
+        self._steps_since_join = 0
+        #: most job (background) sequences in the running batch; None: no cap of their own
+        self.max_background_sequences: Optional[int] = None
+        #: per-sequence decode limits; default: the same for every sequence (the backend's settings)
+        self.limits: Limits = lambda text, ids: (max_new_tokens, min_new_tokens)
+        self._on_step = on_step
+        self._waiting: dict[int, deque[DecodeRequest]] = {}
+        self._cond = threading.Condition()
+        self._closed = False
+        self._dropped = 0  # sequences of cancelled calls skipped in the queue since the last step
+        self._thread = threading.Thread(target=self._work, name=name, daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ callers (any thread)
+
+    def submit(self, texts: Sequence[str], source: str, target: str, priority: int = 0) -> Future:
+        """Queue one call's texts; the future resolves to (translations in order, largest running batch
+        they were decoded in). Cancel the future to take its sequences out of the batch."""
+        if not self.backend.supports(source, target):
+            raise ValueError(f"model {self.backend.model_id!r} does not translate {source}->{target}")
+        texts = list(texts)
+        call = _Call(len(texts), int(priority))
+        if not texts:
+            call.future.set_result(([], 0))
+            return call.future
+        bos = self.backend.forced_bos_token_id(target)
+        requests = []
+        for index, (text, ids) in enumerate(zip(texts, self.backend.encode_texts(texts, source))):
+            max_new, min_new = self.limits(text, ids)
+            self._check_length(max_new, "a sentence's max_new_tokens")
+            requests.append(DecodeRequest(list(ids), int(max_new), min_new, bos, tag=(call, index)))
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the decoding thread is shut down")
+            self._waiting.setdefault(call.priority, deque()).extend(requests)
+            self._cond.notify()
+        return call.future
+
+    def _check_length(self, max_new_tokens: int, what: str) -> None:
+        """One sequence past the model's positions would fail the step of every running sequence."""
+        limit = self.decoder.max_new_tokens_limit
+        if limit is not None and max_new_tokens > limit:
+            raise ValueError(f"{what}={max_new_tokens!r} exceeds the {limit} output tokens "
+                             f"{self.backend.model_id!r} has positions for")
+
+    def waiting(self) -> dict[int, int]:
+        """Sequences waiting to join, by priority (cancelled ones not counted)."""
+        with self._cond:
+            counts = {p: sum(not r.tag[0].future.cancelled() for r in q) for p, q in self._waiting.items()}
+        return {p: n for p, n in counts.items() if n}
+
+    def shutdown(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(timeout=10)
+
+    # ------------------------------------------------------------------ the decoding thread
+
+    def _admit(self) -> list[DecodeRequest]:
+        """Under the lock: take the waiting sequences that join before the next step (priority order,
+        then arrival order; stops at the first that does not fit, so long ones are not starved)."""
+        joining: list[DecodeRequest] = []
+        room = self.max_running_sequences - self.decoder.running
+        cap = self.max_background_sequences
+        background_room = None if cap is None else cap - sum(
+            r.request.tag[0].priority >= Priority.BACKGROUND for r in self.decoder.rows)
+        for priority in sorted(self._waiting):
+            queue = self._waiting[priority]
+            while queue:
+                request = queue[0]
+                if request.tag[0].future.cancelled():
+                    queue.popleft()
+                    self._dropped += 1
+                    continue
+                background = priority >= Priority.BACKGROUND and background_room is not None
+                if room <= 0 or (background and background_room <= 0) or not self._fits(joining + [request]):
+                    return joining
+                joining.append(queue.popleft())
+                room -= 1
+                if background:
+                    background_room -= 1
+        return joining
+
+    def _many_can_join(self) -> bool:
+        """Under the lock: the batch is empty, or half of max_running_sequences or more could join now."""
+        if not self.decoder.running:
+            return True
+        can_join = min(self.max_running_sequences - self.decoder.running, sum(map(len, self._waiting.values())))
+        return 2 * can_join >= self.max_running_sequences
+
+    def _fits(self, joining: list[DecodeRequest]) -> bool:
+        if self.max_cached_tokens is None or (self.decoder.running == 0 and len(joining) == 1):
+            return True  # a sequence alone always runs, whatever its size
+        return self.decoder.projected_tokens(joining) <= self.max_cached_tokens
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and not self.decoder.running and not any(self._waiting.values()):
+                    self._cond.wait()
+                if self._closed:
+                    break
+                rebuild = self._steps_since_join + 1 >= self.join_interval_steps or self._many_can_join()
+                joining = self._admit() if rebuild else []
+            self._steps_since_join = 0 if rebuild else self._steps_since_join + 1
+            self._iterate(joining, rebuild)
+        self._fail_all(RuntimeError("the decoding thread is shut down"))
+
+    def _iterate(self, joining: list[DecodeRequest], rebuild: bool = True) -> None:
+        start, cpu_start = time.perf_counter(), time.thread_time()
+        gone = {r.request.tag for r in self.decoder.rows if r.request.tag[0].future.cancelled()}
+        if gone:
+            self.decoder.drop(gone)
+        with self._cond:
+            dropped, self._dropped = self._dropped + len(gone), 0
+        try:
+            if rebuild:
+                self.decoder.compact()
+            self.decoder.join(joining)
+            running = self.decoder.running
+            for row in self.decoder.rows:
+                call = row.request.tag[0]
+                call.batch = max(call.batch, running)
+            finished = self.decoder.step(compact=self.join_interval_steps == 1)
+        except Exception as exc:  # noqa: BLE001 - every sequence in the batch gets the error
+            logger.exception("continuous decoding step failed")
+            error = BackendError(f"generation failed for {self.backend.model_id!r}: {type(exc).__name__}: {exc}")
+            self._fail_running(error, extra=joining)
+            self._report(StepOutcome(0, len(joining), 0, {}, time.perf_counter() - start,
+                                     time.thread_time() - cpu_start, 0, dropped, True, error))
+            return
+        by_priority: dict[int, int] = {}
+        for request, ids in finished:
+            call, index = request.tag
+            call.outputs[index] = ids
+            call.left -= 1
+            by_priority[call.priority] = by_priority.get(call.priority, 0) + 1
+            if call.left == 0:
+                self._answer(call)
+        self._report(StepOutcome(running, len(joining), len(finished), by_priority, time.perf_counter() - start,
+                                 time.thread_time() - cpu_start, self.decoder.cached_tokens(), dropped))
+
+    def _answer(self, call: _Call) -> None:
+        try:
+            result = (self.backend.decode_rows(call.outputs), call.batch)
+        except Exception as exc:  # noqa: BLE001
+            _settle(call.future, exc)
+            return
+        _settle(call.future, result)
+
+    def _fail_running(self, error: BaseException, extra: Sequence[DecodeRequest] = ()) -> None:
+        calls = {id(r.request.tag[0]): r.request.tag[0] for r in self.decoder.rows}
+        calls.update({id(r.tag[0]): r.tag[0] for r in extra})
+        self.decoder.drop({r.request.tag for r in self.decoder.rows})
+        for call in calls.values():
+            _settle(call.future, error)
+
+    def _fail_all(self, error: BaseException) -> None:
+        with self._cond:
+            waiting = [r for q in self._waiting.values() for r in q]
+            self._waiting.clear()
+        self._fail_running(error, extra=waiting)
+
+    def _report(self, outcome: StepOutcome) -> None:
+        if self._on_step is None:
+            return
+        try:
+            self._on_step(outcome)
+        except Exception:  # pragma: no cover - bookkeeping must never stop decoding
+            logger.exception("continuous decoding bookkeeping failed")
+
+
+def _settle(future: Future, outcome) -> None:
+    """Set a call's result or exception unless its caller cancelled it meanwhile."""
+    try:
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
+    except InvalidStateError:  # cancelled by its caller between the check and now
+        pass
+
+
+__all__ = ["ContinuousScheduler", "Limits", "StepOutcome"]

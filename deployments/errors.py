@@ -1,0 +1,30 @@
+"""The model side's errors, and how any exception is described for a log.
+
+Models raise plain exceptions (backends: `BackendError`, `ModelLoadError` in backends/base.py;
+a user's module: whatever it raises); the ingress (serve_app/errors.py) maps what reaches it to
+HTTP statuses. Both sides log exceptions through `describe_exception`, which never quotes an
+exception's message: model code may put the request's texts in it.
+"""
+
+from __future__ import annotations
+
+import traceback
+
+
+class ModelContractError(RuntimeError):
+    """A user's `predict` broke its contract (wrong number or shape of outputs)."""
+
+
+def describe_exception(exc: BaseException) -> str:
+    """An exception for the log without its message: its class and, where Python still has it,
+    where it was raised. Messages of model code may quote the request's texts (`KeyError: '<text>'`),
+    which must not reach the logs; the class and line are enough to find the bug."""
+    tb = exc.__traceback__
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:  # a TaskGroup's: its first failure
+        exc = exc.exceptions[0]
+        tb = exc.__traceback__ or tb
+    cause = getattr(exc, "cause", None)  # a RayTaskError: the remote exception's class
+    name = type(cause).__name__ if isinstance(cause, BaseException) else type(exc).__name__
+    frames = traceback.extract_tb(tb)[-3:] if tb else []
+    where = "; ".join(f"{f.filename}:{f.lineno} in {f.name}" for f in frames)
+    return f"{name} (message withheld: it may quote the request)" + (f" at {where}" if where else "")

@@ -1,0 +1,98 @@
+"""A model replica's Prometheus metrics (serve_app_*), through ray.serve.metrics."""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+logger = logging.getLogger("ray.serve")
+
+
+class _Instruments:
+    """The serve_app_* Prometheus instruments of one process, created once: a replica hosting
+    several models (the Ingress, with models placed in it) records them all through the same
+    instruments, told apart by the `model` tag. Serve adds the `deployment`, `replica` and
+    `application` tags itself (and refuses them as user tag keys)."""
+
+    _made: Optional["_Instruments"] = None
+
+    def __init__(self) -> None:
+        from ray.serve.metrics import Counter, Histogram
+
+        tags = ("model",)
+        self.batch_records = Histogram(
+            "serve_app_batch_records", description="Records in one model call.",
+            boundaries=[1, 2, 4, 8, 16, 32, 64, 128, 256], tag_keys=tags)
+        self.model_seconds = Histogram(
+            "serve_app_model_seconds", description="Model time of one batch, in seconds.",
+            boundaries=[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10], tag_keys=tags)
+        self.queue_wait = Histogram(
+            "serve_app_queue_wait_seconds",
+            description="Time a call's records waited in the replica's batch queue before their batch "
+            "started, in seconds (one observation per call in each batch).",
+            boundaries=[0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30], tag_keys=tags)
+        self.records = Counter(
+            "serve_app_records_total", description="Records processed by the model.", tag_keys=tags)
+        self.enqueued = Counter(
+            "serve_app_records_enqueued_total", description="Records that entered the batch queue.",
+            tag_keys=tags)
+        self.cancelled = Counter(
+            "serve_app_records_cancelled_total",
+            description="Records whose caller cancelled (deadline, client gone) before their batch started: "
+            "dropped from the queue, never computed.", tag_keys=tags)
+        self.failures = Counter(
+            "serve_app_model_failures_total", description="Model calls that raised.", tag_keys=tags)
+
+    @classmethod
+    def get(cls) -> "_Instruments":
+        if cls._made is None:
+            cls._made = cls()
+        return cls._made
+
+
+class ReplicaMetrics:
+    """One model's Prometheus metrics through ray.serve.metrics (tag `model`: its deployment name,
+    e.g. Translator, also when it is placed in the Ingress); silently absent outside Serve."""
+
+    def __init__(self, deployment: str):
+        self._on: Optional[_Instruments] = None
+        self._tags = {"model": deployment}
+        try:
+            from ray.serve import context
+
+            if context._get_internal_replica_context() is None:
+                return  # not inside a Serve replica (unit tests drive the class directly)
+            self._on = _Instruments.get()
+        except Exception:  # pragma: no cover - metrics must never stop a replica
+            logger.exception("%s: Prometheus metrics unavailable", deployment)
+
+    @property
+    def active(self) -> bool:
+        """Inside a Serve replica (outside one, every method does nothing)."""
+        return self._on is not None
+
+    def count_computed(self, records: int) -> None:
+        if self._on is not None and records:
+            self._on.records.inc(records, tags=self._tags)
+
+    def observe_batch(self, records: int, seconds: float) -> None:
+        if self._on is not None:
+            self._on.batch_records.observe(records, tags=self._tags)
+            self._on.model_seconds.observe(seconds, tags=self._tags)
+            self._on.records.inc(records, tags=self._tags)
+
+    def observe_queue_wait(self, seconds: float) -> None:
+        if self._on is not None:
+            self._on.queue_wait.observe(seconds, tags=self._tags)
+
+    def count_enqueued(self, records: int) -> None:
+        if self._on is not None and records:
+            self._on.enqueued.inc(records, tags=self._tags)
+
+    def count_cancelled(self, records: int) -> None:
+        if self._on is not None and records:
+            self._on.cancelled.inc(records, tags=self._tags)
+
+    def failed(self) -> None:
+        if self._on is not None:
+            self._on.failures.inc(tags=self._tags)

@@ -1,0 +1,259 @@
+"""What every model deployment shares: thread sizing, the intake into the model queue, batch knobs.
+
+A model deployment (Translator, Embedder, CustomModel) subclasses `ModelReplica`. Its pieces,
+each in its own module: the model thread and its queue (model_queue.py), interactive calls before
+job work (priority.py), health (health.py), metrics (metrics.py), the batch knobs of its
+`user_config` (batch_config.py) and the SLO-adaptive batch size (adaptive_batching.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from concurrent.futures import Future
+from typing import Any, Callable, Optional
+
+from .adaptive_batching import AIMDBatchSizer, AIMDSettings
+from .batch_config import BatchConfig, parse_batch_config
+from .batching import split
+from .health import ReplicaHealth
+from .metrics import ReplicaMetrics
+from .model_queue import BatchOutcome, Compute, ModelQueue
+from .priority import InteractiveGate, Priority, cap_for, priority_of
+
+logger = logging.getLogger("ray.serve")
+
+
+def cpu_share(default: float = 1.0) -> float:
+    """CPUs Ray reserved for this replica (its `num_cpus`), or `default` outside Ray."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return float(ray.get_runtime_context().get_assigned_resources().get("CPU", default))
+    except Exception:  # pragma: no cover - outside a Ray worker
+        pass
+    return default
+
+
+def threads_for_share(share: float, override: Optional[int] = None) -> int:
+    """Threads for the model: the override, else the CPU share rounded up (at least 1)."""
+    if override:
+        return int(override)
+    return max(1, math.ceil(share - 1e-9))
+
+
+class _TrackedBatchMethod:
+    """Wraps a replica's `@serve.batch` method (the intake: it hands each call to the model queue and
+    returns the call's model-queue future) and awaits the call's result: `(output, records of the
+    batch it rode in)`. Counts calls cancelled before their batch started (never computed) and
+    observes how long each waited.
+
+    Attribute access (set_max_batch_size, ...) goes to the wrapped method.
+    """
+
+    def __init__(self, replica: "ModelReplica", method: Any, priority: Priority = Priority.INTERACTIVE):
+        self._replica = replica
+        self._method = method
+        self._priority = priority
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._method, name)
+
+    async def __call__(self, item: Any) -> Any:
+        replica = self._replica
+        records = _records_of(item)
+        enqueued_at = time.perf_counter()
+        replica._stats["enqueued"] += records
+        replica.metrics.count_enqueued(records)
+        interactive = self._priority == Priority.INTERACTIVE
+        if interactive:
+            replica.interactive.enter()
+        queued: Optional[Future] = None
+        # Shielded: a call cancelled in Serve's intake may already have been handed to the model queue
+        # (its batch ran, this coroutine not yet resumed); the intake then finishes and the call is
+        # dropped from the model queue there, so that a record is counted either computed or dropped.
+        intake = asyncio.ensure_future(self._method(item))
+        try:
+            queued = await asyncio.shield(intake)
+            output, batch_records, started_at = await asyncio.wrap_future(queued)
+            replica.metrics.observe_queue_wait(started_at - enqueued_at)
+            return output, batch_records
+        except asyncio.CancelledError:
+            if queued is None:
+                intake.add_done_callback(lambda done: self._drop(done, records))
+            elif queued.cancelled():  # in the model queue and not started: dropped, never computed
+                self._count_dropped(records)
+            raise
+        finally:
+            if interactive:
+                replica.interactive.leave()
+
+    def _drop(self, intake: "asyncio.Future[Future]", records: int) -> None:
+        """A call cancelled in the intake, once the intake is done: dropped unless its batch started."""
+        if intake.cancelled():  # the intake itself was cancelled (shutdown): never reached the model
+            self._count_dropped(records)
+        elif intake.exception() is None and intake.result().cancel():
+            self._count_dropped(records)
+
+    def _count_dropped(self, records: int) -> None:
+        self._replica._stats["cancelled"] += records
+        self._replica.metrics.count_cancelled(records)
+
+
+def _records_of(item: Any) -> int:
+    texts = getattr(item, "texts", item)
+    try:
+        return len(texts)
+    except TypeError:  # pragma: no cover
+        return 1
+
+
+class ModelReplica:
+    """Base of the model deployments. Subclasses set `deployment_name` and `_batched_methods`."""
+
+    deployment_name = "model"
+    default_batch: BatchConfig
+
+    def _init_replica(self) -> None:
+        # One thread runs the model so the replica's event loop keeps accepting calls while a
+        # batch computes; it joins every call waiting for it into the next batch (up to the live
+        # max_batch_size), interactive calls ahead of background (job) calls.
+        self._model_thread = ModelQueue(f"{self.deployment_name}-model", on_batch=self._batch_finished)
+        self._loop: Optional[asyncio.AbstractEventLoop] = None  # the replica's, seen at the first call
+        self.health = ReplicaHealth(self.deployment_name)
+        self.metrics = ReplicaMetrics(self.deployment_name)
+        #: in-process tallies of records: entered the queue, computed, cancelled while queued
+        self._stats = {"enqueued": 0, "computed": 0, "cancelled": 0,
+                       "computed_interactive": 0, "computed_background": 0,
+                       # CPU seconds of the model thread inside model calls (the overhead probe,
+                       # docs/benchmarks/overhead.md, subtracted it from the replica's CPU)
+                       "model_cpu_s": 0.0}
+        # Interactive calls queued or computing; background batches wait until there are none.
+        self.interactive = InteractiveGate()
+        for method in self._batched_methods():
+            setattr(self, method.__name__, _TrackedBatchMethod(self, method, priority_of(method)))
+        self.batch_config = self.default_batch
+        self._sizer: Optional[AIMDBatchSizer] = None  # SLO-adaptive batch size, when configured
+        self._apply_batch_config()
+        self.ready_at = time.time()
+
+    def _batched_methods(self) -> list[Any]:
+        """Every `@serve.batch` method (reconfigure sets their batch knobs)."""
+        raise NotImplementedError
+
+    def stats(self) -> dict:
+        """Records this replica queued, computed and dropped (cancelled while queued), and the
+        model thread's CPU seconds in model calls (`model_cpu_s`)."""
+        return dict(self._stats)
+
+    def _apply_batch_config(self) -> None:
+        self._model_thread.fill_wait_fraction = self.batch_config.batch_fill_wait_fraction
+        for method in self._batched_methods():
+            method.set_max_batch_size(self._size_for(method, self.batch_config.max_batch_size))
+            method.set_batch_wait_timeout_s(self.batch_config.batch_wait_timeout_s)
+        aimd = AIMDSettings.from_batch_config(self.batch_config)
+        if aimd is None:
+            self._sizer = None
+        elif self._sizer is None:
+            self._sizer = AIMDBatchSizer(aimd, self._set_live_max_batch_size)
+        else:
+            self._sizer.reconfigure(aimd)
+
+    def _set_live_max_batch_size(self, size: int) -> None:
+        for method in self._batched_methods():
+            method.set_max_batch_size(self._size_for(method, size))
+
+    def _size_for(self, method: Any, size: int) -> int:
+        """The batch size of `method`'s queue: `size`, capped by background_max_batch_size for
+        the job (background) queue."""
+        return cap_for(priority_of(method), size, self.batch_config.background_max_batch_size)
+
+    def live_max_batch_size(self) -> int:
+        """The batch size in force: the adaptive controller's, else the configured max_batch_size."""
+        return self._sizer.size if self._sizer is not None else self.batch_config.max_batch_size
+
+    async def _submit_pieces(self, batched: Any, records: list, make_item: Callable[[list], Any]) -> list:
+        """Cut `records` into pieces of the live batch size, submit each (`make_item(piece)`) to the
+        `@serve.batch` method `batched` at once, and return the results in order (one per piece).
+
+        Serve refuses a queued item larger than max_batch_size: if the adaptive size shrank under a
+        piece while it waited, the piece is cut again to the new size and resubmitted.
+        """
+        async def submit(piece: list) -> list:
+            try:
+                return [await batched(make_item(piece))]
+            except RuntimeError:
+                size = self._size_for(batched, self.live_max_batch_size())
+                if len(piece) <= size:
+                    raise
+                parts = await asyncio.gather(*(submit(part) for part in split(piece, size)))
+                return [result for part in parts for result in part]
+
+        size = self._size_for(batched, self.live_max_batch_size())
+        pieces = await asyncio.gather(*(submit(piece) for piece in split(records, size)))
+        return [result for piece in pieces for result in piece]
+
+    def reconfigure(self, user_config: dict) -> None:
+        """Serve calls this with the deployment's user_config at start and on every `serve deploy`."""
+        self.batch_config = parse_batch_config(user_config, self.deployment_name)
+        self._apply_batch_config()
+        logger.info("%s batch config: %s", self.deployment_name, self.batch_config.model_dump())
+
+    def _enqueue(self, items: list[Any], compute: Compute, priority: Priority = Priority.INTERACTIVE) -> list[Future]:
+        """The body of a `@serve.batch` intake method: hand each call to the model queue, which
+        runs `compute` (on the model thread) over the calls it joins into one batch; returns the
+        calls' futures (Serve hands each caller its own)."""
+        self._loop = asyncio.get_running_loop()
+        cap = cap_for(priority, self.live_max_batch_size(), self.batch_config.background_max_batch_size)
+        return [self._model_thread.submit(compute, item, _records_of(item), priority, cap) for item in items]
+
+    async def _enqueue_background(self, items: list[Any], compute: Compute) -> list[Future]:
+        """`_enqueue` for job work, once no interactive call is queued or computing on this replica:
+        an interactive request never waits behind more than the job batch already computing."""
+        await self.interactive.wait_idle()
+        return self._enqueue(items, compute, Priority.BACKGROUND)
+
+    def _batch_finished(self, outcome: BatchOutcome) -> None:
+        """On the model thread, after each batch: the bookkeeping goes to the replica's loop (before
+        the callers' results, which are set after this returns)."""
+        self._stats["model_cpu_s"] += outcome.cpu_seconds
+        loop = self._loop
+        if loop is None:
+            self._record_batch(outcome)
+            return
+        try:
+            loop.call_soon_threadsafe(self._record_batch, outcome)
+        except RuntimeError:  # pragma: no cover - the loop closed: the replica is shutting down
+            pass
+
+    def _record_batch(self, outcome: BatchOutcome) -> None:
+        if outcome.failed:
+            self.health.failed(outcome.error)
+            self.metrics.failed()
+            return
+        self.health.succeeded()
+        self._stats["computed"] += outcome.records
+        background = outcome.priority >= Priority.BACKGROUND
+        self._stats["computed_background" if background else "computed_interactive"] += outcome.records
+        self.metrics.observe_batch(outcome.records, outcome.seconds)
+        if self._sizer is not None:
+            self._sizer.observe(outcome.seconds, outcome.records)
+
+    def check_health(self) -> None:
+        """Serve calls this every health_check_period_s; raising marks the replica unhealthy."""
+        self.health.check()
+
+    def __del__(self) -> None:
+        """Serve calls this at the end of a graceful shutdown (see ReplicaHealth.shut_down)."""
+        health = getattr(self, "health", None)  # None: the constructor failed before making it
+        if health is not None:
+            health.shut_down()
+
+    def batching_info(self) -> dict:
+        info = self.batch_config.user_config()
+        if self._sizer is not None:
+            info["adaptive"] = self._sizer.snapshot()
+        return info

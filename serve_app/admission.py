@@ -1,0 +1,132 @@
+"""Admission control at the ingress: a bound on model requests in flight, shared fairly between API keys.
+
+`AdmissionControl` answers 503 + Retry-After at once, before the body is read, when this ingress
+replica already holds `limit()` model requests, and, with several API keys configured, when the
+request's key already holds its fair share of them: a client flooding the service with one key
+is shed while other keys' requests still get in. `DRAIN` counts the admitted requests and
+refuses new ones while the replica stops.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from .errors import Overloaded, ShuttingDown
+
+
+class DrainState:
+    """Model requests in flight on this ingress replica, and whether it is draining.
+
+    Module-level (not on the middleware instance) so that `Ingress.drain()` sees the
+    same counter the middleware keeps: Serve pickles the app, but this module is
+    imported, not copied, in the replica.
+    """
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.draining = False
+
+    async def drain(self, timeout_s: float, poll_s: float = 0.05) -> dict:
+        """Refuse new model requests (503 shutting_down) and wait for admitted ones to finish."""
+        import asyncio
+        import time
+
+        self.draining = True
+        start = time.monotonic()
+        at_start = self.in_flight
+        while self.in_flight > 0 and time.monotonic() - start < timeout_s:
+            await asyncio.sleep(poll_s)
+        return {"in_flight_at_start": at_start, "in_flight_left": self.in_flight,
+                "waited_s": round(time.monotonic() - start, 3)}
+
+
+DRAIN = DrainState()
+
+
+def fair_share(limit: int, active_keys: int, configured_keys: int) -> int:
+    """Slots one key may hold: `limit` split between the keys with requests in flight (the
+    requesting one counted) plus one more, so that a key that is not in flight yet always finds
+    room; never more parts than there are keys that could come, and at least one slot.
+
+    One key flooding alone (of 2+ configured) holds half the slots; when a second key arrives it
+    is admitted at once, and the first key's new requests are shed until it is back under its
+    share (admitted requests always finish). With one configured key there is no one to share
+    with: the whole limit."""
+    if configured_keys <= 1:
+        return limit
+    return max(1, limit // min(active_keys + 1, configured_keys))
+
+
+class AdmissionControl:
+    """Sheds load at the door: beyond `limit()` requests in flight on this ingress
+    replica, or beyond the request's API key's `fair_share`, a model route answers
+    503 + Retry-After at once (JSON body) instead of queueing toward a timeout.
+    Admitted requests always run to completion.
+
+    Ray's proxy would otherwise queue excess requests without bound, or (with
+    `max_queued_requests` on the ingress) answer a plain-text 503 with no
+    Retry-After; shedding here gives clients the project's error body.
+
+    The key is the one ApiKeyAuth (the next middleware out) identified: `key_of(scope)`;
+    None (no keys configured) is not shared out.
+    """
+
+    def __init__(self, app, limit: Callable[[], int], retry_after_s: Callable[[], int],
+                 paths: tuple[str, ...] = ("/translation", "/embeddings", "/v1/embeddings", "/jobs"),
+                 prefixes: tuple[str, ...] = ("/models/",),
+                 key_of: Callable[[dict], Optional[str]] = lambda scope: None,
+                 configured_keys: Callable[[], int] = lambda: 0):
+        self.app = app
+        self.limit = limit
+        self.retry_after_s = retry_after_s
+        self.paths = paths
+        #: model routes with a variable part (`/models/<name>/predict`)
+        self.prefixes = prefixes
+        self.key_of = key_of
+        self.configured_keys = configured_keys
+        #: key id -> its requests in flight here (keys with none are not listed)
+        self.per_key: dict[str, int] = {}
+        self.shed = 0
+        #: of `shed`, those refused for their key's share while the replica had room
+        self.shed_fair_share = 0
+
+    @property
+    def in_flight(self) -> int:
+        return DRAIN.in_flight
+
+    async def __call__(self, scope, receive, send):
+        path = scope.get("path") or ""
+        if scope["type"] != "http" or (path not in self.paths and not path.startswith(self.prefixes)):
+            return await self.app(scope, receive, send)
+        retry = self.retry_after_s()
+        if DRAIN.draining:
+            response = ShuttingDown(
+                f"The service is shutting down; retry after {retry} s.", retry_after_s=retry
+            ).to_response(scope)
+            return await response(scope, receive, send)
+        limit = self.limit()
+        key = self.key_of(scope)
+        message = None
+        if DRAIN.in_flight >= limit:
+            message = f"The service is at capacity ({self.in_flight} requests in flight); retry after {retry} s."
+        elif key is not None and self.per_key.get(key, 0) >= fair_share(
+                limit, len(self.per_key) + (key not in self.per_key), self.configured_keys()):
+            self.shed_fair_share += 1
+            message = (f"This API key holds its share of the service's capacity; retry after {retry} s "
+                       "(other keys' requests are still admitted).")
+        if message is not None:
+            self.shed += 1
+            return await Overloaded(message, retry_after_s=retry).to_response(scope)(scope, receive, send)
+        DRAIN.in_flight += 1
+        if key is not None:
+            self.per_key[key] = self.per_key.get(key, 0) + 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            DRAIN.in_flight -= 1
+            if key is not None:
+                left = self.per_key[key] - 1
+                if left:
+                    self.per_key[key] = left
+                else:
+                    del self.per_key[key]

@@ -1,0 +1,54 @@
+"""How a request becomes model calls: the limits its texts are checked against, the language
+pair it resolves to, and its calls run with a bound on how many are in flight at once."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Awaitable, Callable, Sequence, TypeVar
+
+from .errors import PayloadTooLarge, ServeAppError, UnsupportedLanguagePair
+from .schemas import normalise_language
+
+T = TypeVar("T")
+
+
+def resolve_pair(source: str, target: str, supported: Sequence[str]) -> tuple[str, str]:
+    """Map the request's codes onto a supported `src-tgt` pair.
+
+    Codes are case-insensitive and `_` equals `-`; a regional code such as
+    `pt-BR` falls back to its language (`pt`) when the model has no regional pair.
+    """
+    src, tgt = normalise_language(source), normalise_language(target)
+    pairs = set(supported)
+    for s in dict.fromkeys((src, src.split("-")[0])):
+        for t in dict.fromkeys((tgt, tgt.split("-")[0])):
+            if f"{s}-{t}" in pairs:
+                return s, t
+    listed = ", ".join(sorted(pairs)[:50]) + (" ..." if len(pairs) > 50 else "")
+    raise UnsupportedLanguagePair(
+        f"Unsupported language pair {source!r} -> {target!r}. Supported pairs: {listed}."
+    )
+
+
+def check_text_lengths(texts: Sequence[str], limit: int, field: str) -> None:
+    for i, text in enumerate(texts):
+        if len(text) > limit:
+            raise PayloadTooLarge(
+                f"{field}[{i}] has {len(text)} characters; the limit is {limit}."
+            )
+
+
+async def gather_limited(calls: Sequence[Callable[[], Awaitable[T]]], limit: int) -> list[T]:
+    """Run calls with at most `limit` in flight; the first failure cancels the rest."""
+    semaphore = asyncio.Semaphore(limit)
+
+    async def run(call: Callable[[], Awaitable[T]]) -> T:
+        async with semaphore:
+            return await call()
+
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(run(c)) for c in calls]
+    except* ServeAppError as errors:
+        raise errors.exceptions[0] from None
+    return [t.result() for t in tasks]

@@ -1,0 +1,144 @@
+"""The asyncio client: `AsyncClient`, and `AsyncJob` (a job you await)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Callable, Optional, Sequence
+
+import httpx
+
+from .retry import RetryPolicy
+from .wire import (
+    FINISHED_JOB_STATES, RETRYABLE_STATUSES, SUBMIT_TIMEOUT_S, JobSpec, ServeAppHTTPError, answer, auth_headers,
+    checked, deadline_headers, embeddings_body, job_outcome, job_path, merge_page, outputs, predict_path, submission_headers,
+    translation_body, translations, vectors,
+)
+
+class AsyncJob:
+    """A job submitted with `AsyncClient.submit*`: `await job` gives its result (parsed like the
+    matching call's); a failed job raises `ServeAppHTTPError`; `await job.cancel()` cancels it
+    on the server (then awaiting it raises `JobCancelled`)."""
+
+    def __init__(self, client: "AsyncClient", job_id: str, parse: Callable[[dict], Any]):
+        self.job_id = job_id
+        self._client = client
+        self._task = asyncio.ensure_future(self._wait(parse))
+
+    async def _wait(self, parse: Callable[[dict], Any]) -> Any:
+        policy = self._client.retry
+        interval = policy.poll_interval_s
+        while True:
+            try:
+                view = await self._client.job(self.job_id)
+                if view["status"] in FINISHED_JOB_STATES:
+                    return job_outcome(await self._client._whole(view), parse)
+            except httpx.TransportError:
+                pass  # the service may be restarting: keep polling
+            except ServeAppHTTPError as exc:  # 503: overloaded or restarting, as the sync poller
+                if exc.status_code not in RETRYABLE_STATUSES:
+                    raise
+            await asyncio.sleep(interval)
+            interval = min(interval * 2, policy.max_poll_interval_s)
+
+    def __await__(self):
+        return self._task.__await__()
+
+    def done(self) -> bool:
+        return self._task.done()
+
+    async def status(self) -> str:
+        return (await self._client.job(self.job_id))["status"]
+
+    async def cancel(self) -> bool:
+        """Cancel the job on the server; False when it had already finished."""
+        try:
+            await self._client.cancel_job(self.job_id)
+        except ServeAppHTTPError as exc:
+            if exc.error_type == "job_finished":
+                return False
+            raise
+        self._task.cancel()
+        return True
+
+
+class AsyncClient:
+    """The same API as `Client` (serve_app/client/sync.py) for asyncio code."""
+
+    def __init__(self, base_url: str = "http://127.0.0.1:9527", *, timeout_s: float = 60.0,
+                 api_key: Optional[str] = None, retry: RetryPolicy = RetryPolicy(),
+                 transport: Optional[httpx.AsyncBaseTransport] = None, submit_timeout_s: float = SUBMIT_TIMEOUT_S):
+        self._http = httpx.AsyncClient(base_url=base_url, timeout=timeout_s, headers=auth_headers(api_key),
+                                       transport=transport)
+        self.retry = retry
+        self.timeout_s = timeout_s
+        self.submit_timeout_s = submit_timeout_s
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _post(self, path: str, body: dict, headers: Optional[dict] = None,
+                    timeout_s: Optional[float] = None) -> httpx.Response:
+        started, timeout = time.monotonic(), self.timeout_s if timeout_s is None else timeout_s
+
+        async def attempt() -> httpx.Response:
+            return await self._http.post(path, json=body, headers=headers,
+                                         timeout=self.retry.attempt_timeout(timeout, started))
+
+        return answer(await self.retry.async_retrying()(attempt))
+
+    async def translate(self, texts: Sequence[str], *, source: str, target: str,
+                        ids: Optional[Sequence[str]] = None, deadline_ms: Optional[int] = None) -> list[str]:
+        response = await self._post("/translation", translation_body(texts, source, target, ids),
+                                    deadline_headers(deadline_ms))
+        return translations(response, len(texts))
+
+    async def embed(self, texts: Sequence[str], *, model: Optional[str] = None) -> list[list[float]]:
+        return vectors(await self._post("/embeddings", embeddings_body(texts, model)))
+
+    async def predict(self, model: str, inputs: Sequence[dict], *,
+                      deadline_ms: Optional[int] = None) -> list[dict]:
+        response = await self._post(predict_path(model), {"inputs": list(inputs)}, deadline_headers(deadline_ms))
+        return outputs(response, len(inputs))
+
+    async def submit(self, task: str, payload: dict) -> AsyncJob:
+        """Submit a job (POST /jobs); awaiting it gives the job's result body."""
+        return await self._submit(JobSpec(task, payload, lambda result: result))
+
+    async def submit_translation(self, texts: Sequence[str], *, source: str, target: str,
+                                 ids: Optional[Sequence[str]] = None) -> AsyncJob:
+        return await self._submit(JobSpec.translation(texts, source, target, ids))
+
+    async def submit_embeddings(self, texts: Sequence[str], *, model: Optional[str] = None) -> AsyncJob:
+        return await self._submit(JobSpec.embeddings(texts, model))
+
+    async def submit_predict(self, model: str, inputs: Sequence[dict]) -> AsyncJob:
+        return await self._submit(JobSpec.predict(model, inputs))
+
+    async def _submit(self, spec: JobSpec) -> AsyncJob:
+        view = (await self._post("/jobs", {"task": spec.task, "payload": spec.payload}, submission_headers(),
+                                 self.submit_timeout_s)).json()
+        return AsyncJob(self, view["job_id"], spec.parse)
+
+    async def job(self, job_id: str) -> dict:
+        return checked(await self._http.get(job_path(job_id)), 200)
+
+    async def _whole(self, view: dict) -> dict:
+        while (view.get("page") or {}).get("next"):
+            merge_page(view, checked(await self._http.get(view["page"]["next"]), 200))
+        return view
+
+    async def cancel_job(self, job_id: str) -> dict:
+        return checked(await self._http.delete(job_path(job_id)), 200)
+
+    async def models(self) -> list[dict]:
+        return (await self._http.get("/v1/models")).raise_for_status().json()["data"]
+
+    async def ready(self) -> bool:
+        return (await self._http.get("/readyz")).status_code == 200

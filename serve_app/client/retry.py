@@ -1,0 +1,79 @@
+"""When the client tries again: tenacity's retry loop with the service's own advice.
+
+Retried: a 503 (the service said "not now": overloaded, shutting down, a model restarting) and a
+transport error (connection refused or reset, a timeout). Not retried: anything else, which is an
+answer. Each wait is the 503's `Retry-After` (else `default_wait_s`), lengthened by up to `jitter`
+of it at random so that clients turned away together do not return together, and capped by
+`max_retry_wait_s`. A call stops after `max_retries` retries, or when its next wait would pass
+`deadline_s` (counted from the call's start); each attempt's timeout is at most what remains.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import httpx
+import tenacity
+
+from .wire import RETRYABLE_STATUSES
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    max_retries: int = 3
+    #: wait when a 503 carries no Retry-After, or after a connection error
+    default_wait_s: float = 1.0
+    #: never wait longer than this for one retry, whatever Retry-After says
+    max_retry_wait_s: float = 10.0
+    #: each wait is lengthened by up to this fraction of it, at random (still capped)
+    jitter: float = 0.2
+    #: the longest one call may take, its retries and their waits included (None: no bound)
+    deadline_s: Optional[float] = 120.0
+
+    #: first and largest wait between two polls of an unfinished job
+    poll_interval_s: float = 0.2
+    max_poll_interval_s: float = 2.0
+
+    def wait_s(self, response: Optional[httpx.Response]) -> float:
+        """The wait before retrying after `response` (None: a transport error)."""
+        wait = self.default_wait_s
+        if response is not None:
+            value = response.headers.get("Retry-After")
+            try:
+                wait = max(float(value), 0.0) if value else wait
+            except ValueError:
+                pass
+        return min(wait * (1 + random.uniform(0, self.jitter)), self.max_retry_wait_s)
+
+    def _wait(self, state: tenacity.RetryCallState) -> float:
+        outcome = state.outcome
+        return self.wait_s(None if outcome is None or outcome.failed else outcome.result())
+
+    def _options(self) -> dict:
+        stop = tenacity.stop_after_attempt(self.max_retries + 1)
+        if self.deadline_s is not None:
+            stop = stop | tenacity.stop_before_delay(self.deadline_s)
+        return dict(
+            stop=stop,
+            wait=self._wait,
+            retry=(tenacity.retry_if_exception_type(httpx.TransportError)
+                   | tenacity.retry_if_result(lambda response: response.status_code in RETRYABLE_STATUSES)),
+            # Out of retries: the last response (the caller raises the service's error), or the last
+            # transport error, re-raised.
+            retry_error_callback=lambda state: state.outcome.result(),
+        )
+
+    def retrying(self) -> tenacity.Retrying:
+        return tenacity.Retrying(**self._options())
+
+    def async_retrying(self) -> tenacity.AsyncRetrying:
+        return tenacity.AsyncRetrying(**self._options())
+
+    def attempt_timeout(self, timeout_s: float, started: float) -> float:
+        """One attempt's timeout: `timeout_s`, or what remains of the deadline if less."""
+        if self.deadline_s is None:
+            return timeout_s
+        return max(min(timeout_s, self.deadline_s - (time.monotonic() - started)), 0.001)

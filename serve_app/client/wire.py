@@ -1,0 +1,178 @@
+"""What goes over the wire: request bodies, answers read back, the service's errors, job specs.
+
+Shared by the client's two halves (sync.py, aio.py); no I/O here.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+from urllib.parse import quote
+
+import httpx
+
+#: statuses worth retrying: the server said "not now", not "never"
+RETRYABLE_STATUSES = (503,)
+
+
+class ServeAppHTTPError(RuntimeError):
+    """The service answered with an error; `error_type` is the project's stable code."""
+
+    def __init__(self, status_code: int, error: str, error_type: str, retry_after_s: Optional[float] = None):
+        super().__init__(f"{status_code} {error_type}: {error}")
+        self.status_code = status_code
+        self.error = error
+        self.error_type = error_type
+        self.retry_after_s = retry_after_s
+
+
+#: request header of a job submission: the same on each retry of one `submit*()` call
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+
+#: how long one attempt of a job submission may take: longer than the service's own deadline
+#: (ingress.model_timeout_s, 60 s), which answers 504 first
+SUBMIT_TIMEOUT_S = 90.0
+
+
+def submission_headers() -> dict[str, str]:
+    """A fresh key for one submission (its retries reuse the dict, hence the key)."""
+    return {IDEMPOTENCY_HEADER: uuid.uuid4().hex}
+
+
+#: where a paged job result (GET /jobs/<id> beyond jobs.max_page_bytes) keeps its records
+_PAGED_LISTS = ("result", "data", "outputs")
+
+
+def merge_page(view: dict, page: dict) -> None:
+    """Append the records of `page` (the next page of the same job) to `view`'s result."""
+    for name in _PAGED_LISTS:
+        if isinstance(page["result"].get(name), list):
+            view["result"][name] += page["result"][name]
+    view["page"] = page["page"]
+
+
+def auth_headers(api_key: Optional[str]) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def deadline_headers(deadline_ms: Optional[int]) -> Optional[dict[str, str]]:
+    return {"X-Request-Timeout-Ms": str(deadline_ms)} if deadline_ms else None
+
+
+def embeddings_body(texts: Sequence[str], model: Optional[str]) -> dict[str, Any]:
+    body: dict[str, Any] = {"input": list(texts)}
+    if model:
+        body["model"] = model
+    return body
+
+
+def translation_body(texts: Sequence[str], source: str, target: str, ids: Optional[Sequence[str]]) -> dict:
+    ids = list(ids) if ids is not None else [str(i) for i in range(len(texts))]
+    if len(ids) != len(texts):
+        raise ValueError(f"{len(ids)} ids for {len(texts)} texts")
+    return {"payload": {"fromLang": source, "toLang": target,
+                        "records": [{"id": i, "text": t} for i, t in zip(ids, texts)]}}
+
+
+def error_of(response: httpx.Response) -> ServeAppHTTPError:
+    try:
+        body = response.json()
+        error, error_type = str(body.get("error", response.text)), str(body.get("error_type", "unknown"))
+    except ValueError:
+        error, error_type = response.text, "unknown"
+    retry_after = response.headers.get("Retry-After")
+    return ServeAppHTTPError(response.status_code, error, error_type,
+                             float(retry_after) if retry_after and retry_after.isdigit() else None)
+
+
+def translations(response: httpx.Response, expected: int) -> list[str]:
+    return texts_of(response.json(), expected)
+
+
+def texts_of(body: dict, expected: int) -> list[str]:
+    result = body["result"]
+    if len(result) != expected:
+        raise ServeAppHTTPError(200, f"{len(result)} results for {expected} records", "bad_response")
+    return [r["text"] for r in result]
+
+
+def job_path(job_id: str) -> str:
+    return f"/jobs/{quote(job_id, safe='')}"
+
+
+def answer(response: httpx.Response) -> httpx.Response:
+    """`response` if it is the answer (200, 202); else the service's error, raised."""
+    if response.status_code not in (200, 202):
+        raise error_of(response)
+    return response
+
+
+def predict_path(model: str) -> str:
+    return f"/models/{quote(model, safe='')}/predict"
+
+
+def outputs(response: httpx.Response, expected: int) -> list[dict]:
+    return outputs_of(response.json(), expected)
+
+
+def outputs_of(body: dict, expected: int) -> list[dict]:
+    items = body["outputs"]
+    if len(items) != expected:
+        raise ServeAppHTTPError(200, f"{len(items)} outputs for {expected} inputs", "bad_response")
+    return items
+
+
+def vectors(response: httpx.Response) -> list[list[float]]:
+    return vectors_of(response.json())
+
+
+def vectors_of(body: dict) -> list[list[float]]:
+    return [d["embedding"] for d in sorted(body["data"], key=lambda d: d["index"])]
+
+
+#: job states after which nothing changes
+FINISHED_JOB_STATES = ("succeeded", "failed", "cancelled")
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What to submit to POST /jobs, and how to read the finished job's result."""
+
+    task: str
+    payload: dict
+    parse: Callable[[dict], Any]
+
+    @staticmethod
+    def translation(texts: Sequence[str], source: str, target: str, ids: Optional[Sequence[str]]) -> "JobSpec":
+        body = translation_body(texts, source, target, ids)
+        return JobSpec("translation", body["payload"], lambda result, n=len(texts): texts_of(result, n))
+
+    @staticmethod
+    def embeddings(texts: Sequence[str], model: Optional[str]) -> "JobSpec":
+        return JobSpec("embeddings", embeddings_body(texts, model), vectors_of)
+
+    @staticmethod
+    def predict(model: str, inputs: Sequence[dict]) -> "JobSpec":
+        return JobSpec(model, {"inputs": list(inputs)}, lambda result, n=len(inputs): outputs_of(result, n))
+
+
+def job_outcome(view: dict, parse: Callable[[dict], Any]) -> Any:
+    """A finished job's value: its parsed result, or the error it failed with."""
+    if view["status"] == "succeeded":
+        return parse(view["result"])
+    if view["status"] == "failed":
+        error = view.get("error") or {}
+        raise ServeAppHTTPError(200, error.get("error", "the job failed"), error.get("error_type", "unknown"))
+    raise JobCancelled(f"job {view['job_id']} was cancelled")
+
+
+class JobCancelled(concurrent.futures.CancelledError):
+    """The job was cancelled (by DELETE /jobs/<id>, from this client or another)."""
+
+
+def checked(response: httpx.Response, *ok: int) -> dict:
+    if response.status_code not in ok:
+        raise error_of(response)
+    return response.json()

@@ -1,0 +1,52 @@
+"""What a running job waits out instead of failing: the job store restarting, and a model that
+answers 503 for a while (a replica or node lost, every replica busy). Both through tenacity."""
+
+from __future__ import annotations
+
+import logging
+from typing import Awaitable, Callable, TypeVar
+
+import tenacity
+
+from ..errors import ServeAppError
+
+logger = logging.getLogger("ray.serve")
+T = TypeVar("T")
+
+#: how long a running job retries a store write (Redis restarting) before it fails
+STORE_RETRY_S = 120.0
+
+
+def transient(exc: BaseException) -> bool:
+    """A model error a job waits out: a 503 that says when to come back (Overloaded, ModelUnavailable)."""
+    return isinstance(exc, ServeAppError) and exc.status_code == 503 and exc.retry_after_s is not None
+
+
+async def store_write(call: Callable[[], Awaitable[T]]) -> T:
+    """A store write of a running job: retried on any error while the store restarts (up to STORE_RETRY_S)."""
+    return await _retrying(call, tenacity.retry_if_exception_type(Exception), STORE_RETRY_S,
+                           tenacity.wait_exponential(multiplier=0.25, max=5.0), "job store write failed")
+
+
+async def model_call(call: Callable[[], Awaitable[T]], retry_s: float) -> T:
+    """A chunk's model call: retried while the model answers a transient 503, up to `retry_s`
+    (jobs.model_retry_s); any other error is raised at once."""
+    return await _retrying(call, tenacity.retry_if_exception(transient), retry_s,
+                           tenacity.wait_exponential(multiplier=0.5, max=5.0), "job chunk's model call failed")
+
+
+async def _retrying(call: Callable[[], Awaitable[T]], retry: tenacity.retry_base, seconds: float,
+                    wait: tenacity.wait.wait_base, what: str) -> T:
+    retrying = tenacity.AsyncRetrying(
+        retry=retry, stop=tenacity.stop_after_delay(seconds), wait=wait, reraise=True,
+        before_sleep=lambda state: logger.warning(
+            "%s (%s); retrying in %.1f s", what, _name(state.outcome.exception()), state.next_action.sleep))
+
+    async def attempt() -> T:  # a coroutine function: tenacity awaits only those
+        return await call()
+
+    return await retrying(attempt)
+
+
+def _name(exc: BaseException) -> str:
+    return exc.error_type if isinstance(exc, ServeAppError) else type(exc).__name__

@@ -1,0 +1,280 @@
+"""The jobs' engine without Ray: validates submissions, keeps them in the job store, computes them
+in chunks (each stored as it completes) and reads them back, whole or a page at a time.
+
+The JobManager deployment (serve_app/jobs/manager.py) wraps one `JobRunner`; unit tests drive it
+with fake model clients and a real SQLite store. Only the holder of the store's lease computes
+jobs: on start (and whenever it takes the lease over) it resumes every queued or running job after
+its last stored chunk, so a restart recomputes at most the chunks that were in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import time
+from typing import Any, Awaitable, Callable, Optional, TypeVar
+
+from pydantic import BaseModel
+
+from ..errors import RequestTimeout, ServeAppError
+from ..model_clients import BackgroundClient, ModelClient
+from ..service import Service
+from ..settings import AppSettings
+from .job import (
+    ANONYMOUS, IdempotencyKeyReused, JobFinished, JobNotFound, JobRecord, JobStoreUnavailable, JobTooLarge,
+    StoreLimits, UnsupportedTask, body_hash, job_settings, submission_key,
+)
+from .results import (
+    encode_chunk_of, estimate_bytes, json_bytes_per_record, page_bounds, page_of, parse_submission, piece,
+    records_of, render,
+)
+from . import retry
+from .store import JobStore, open_store
+
+logger = logging.getLogger("ray.serve")
+T = TypeVar("T")
+
+#: how often the runner renews its lease (or tries to take it) and deletes expired jobs
+MAINTENANCE_INTERVAL_S = 2.0
+
+
+class JobRunner:
+    def __init__(self, settings: AppSettings, clients: dict[str, ModelClient], store: Optional[JobStore] = None,
+                 clock: Callable[[], float] = time.time):
+        self.settings = settings
+        self.store = store if store is not None else open_store(settings)
+        self.limits = StoreLimits.of(settings)
+        self._clock = clock
+        self._tasks: dict[str, asyncio.Task] = {}
+        self._running = asyncio.Semaphore(settings.jobs.max_running_jobs)
+        self._job_settings = job_settings(settings)
+        models = {name: c for name, c in clients.items() if name not in ("translation", "embeddings")}
+        #: validates submissions (and answers model info) with the job limits
+        self._validator = Service(self._job_settings, translator=clients["translation"],
+                                  embedder=clients["embeddings"], models=models)
+        bg = {name: BackgroundClient(c) for name, c in clients.items()}
+        #: computes job chunks: every model call in the background
+        self._service = Service(self._job_settings, translator=bg["translation"], embedder=bg["embeddings"],
+                                models={n: c for n, c in bg.items() if n in models})
+        self.holding = False
+        self._maintenance: Optional[asyncio.Task] = None
+        #: this process's chunk counts: computed and found already stored when a job (re)started
+        self.chunks_computed = 0
+        self.chunks_resumed = 0
+
+    # -- life cycle --------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Take the lease if free (then resume the unfinished jobs) and keep it renewed."""
+        try:
+            await self._take_over()
+        except Exception as exc:  # the store is down: the maintenance loop keeps trying
+            logger.warning("job store not reachable at start (%s); retrying", type(exc).__name__)
+        self._maintenance = asyncio.create_task(self._maintain(), name="job-store-maintenance")
+
+    async def stop(self) -> None:
+        """Stop computing (jobs stay queued or running in the store: the next runner resumes them)."""
+        tasks = [*self._tasks.values(), *([self._maintenance] if self._maintenance else [])]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self.holding = False
+        await self.store.close()
+
+    async def _take_over(self) -> None:
+        if not self.holding and await self.store.lease().acquire():
+            self.holding = True
+            jobs = await self.store.unfinished()
+            for record in jobs:
+                self._launch(record)
+            logger.info("job store lease taken: %d queued or running jobs resumed", len(jobs))
+
+    async def _maintain(self) -> None:
+        while True:
+            await asyncio.sleep(MAINTENANCE_INTERVAL_S)
+            try:
+                if self.holding and not await self.store.lease().renew():
+                    logger.error("job store lease lost: another JobManager runs the jobs now")
+                    self.holding = False
+                    for task in list(self._tasks.values()):
+                        task.cancel()
+                await self._take_over()
+                await self.store.purge(self._clock())
+            except Exception as exc:
+                logger.warning("job store maintenance failed (%s); retrying", type(exc).__name__)
+
+    # -- the store, with its failures as 503 -------------------------------------------------
+    @staticmethod
+    async def _store(call: Awaitable[T]) -> T:
+        try:
+            return await call
+        except ServeAppError:
+            raise
+        except Exception as exc:
+            logger.warning("job store call failed: %s", type(exc).__name__)
+            raise JobStoreUnavailable("The job store is not reachable; retry shortly.", retry_after_s=2) from None
+
+    # -- submit ------------------------------------------------------------------------------
+    async def submit(self, task: str, payload: Any, request_id: Optional[str] = None, owner: str = ANONYMOUS,
+                     idempotency_key: Optional[str] = None) -> dict:
+        """Validate the job now (the client hears 4xx at once), store it and queue it; its view.
+
+        Sent again with the same `Idempotency-Key` (or, without one, the same `x-request-id`: what
+        HAProxy resends) and the same task and payload, it is the same submission: the job it
+        created is answered and nothing is queued twice. The same key with another body is 409."""
+        digest = body_hash(task, payload)
+        key = submission_key(idempotency_key, request_id, digest)
+        if key is not None and (existing := await self._store(self.store.find(owner, key))) is not None:
+            return self._same(existing, digest).view()
+        body = await self._validate(task, payload)
+        estimate = estimate_bytes(task, body)
+        if estimate > self.settings.jobs.max_job_result_bytes:
+            raise JobTooLarge(
+                f"The job's result would take about {estimate} bytes; one job may keep at most "
+                f"{self.settings.jobs.max_job_result_bytes} (jobs.max_job_result_bytes): split it.")
+        record = JobRecord(id=secrets.token_urlsafe(12), owner=owner, task=task, records_total=records_of(task, body),
+                           chunk_records=self.settings.jobs.chunk_records, created_at=self._clock(), key=key,
+                           body_hash=digest, reserved_bytes=estimate)
+        data = json.dumps(payload, separators=(",", ":")).encode()
+        stored = await self._store(self.store.create(record, data, self.limits))
+        if stored.id != record.id:  # the same key won a race with this submission
+            return self._same(stored, digest).view()
+        if self.holding:
+            self._launch(stored)
+        logger.info("job %s queued: %s, %d records", record.id, task, record.records_total)
+        return stored.view()
+
+    @staticmethod
+    def _same(existing: JobRecord, digest: str) -> JobRecord:
+        if existing.body_hash != digest:
+            raise IdempotencyKeyReused(
+                f"This Idempotency-Key was used for another job ({existing.id}) with a different task or "
+                "payload; send a new key for a new job.")
+        logger.info("job %s: submitted again with its key; not queued twice", existing.id)
+        return existing
+
+    async def _validate(self, task: str, payload: Any) -> BaseModel:
+        service = self._validator
+        if task == "translation":
+            body = parse_submission(task, payload)
+            await service.validate_translation(body)
+        elif task == "embeddings":
+            body = parse_submission(task, payload)
+            service.validate_embeddings(body)
+        elif task in service.custom_models:
+            body = parse_submission(task, payload)
+            service.validate_predict(task, body.inputs)
+        else:
+            tasks = ", ".join(repr(t) for t in ("translation", "embeddings", *sorted(service.custom_models)))
+            raise UnsupportedTask(f"Unknown task {task!r}; tasks: {tasks}.")
+        return body
+
+    # -- compute -----------------------------------------------------------------------------
+    def _launch(self, record: JobRecord) -> None:
+        if record.id not in self._tasks:
+            self._tasks[record.id] = asyncio.create_task(self._run(record.id), name=f"job-{record.id}")
+
+    async def _run(self, job_id: str) -> None:
+        """Compute a job's missing chunks. A cancelled task (DELETE, lease lost, shutdown) records
+        nothing: `cancel` wrote the state first, or the next runner resumes the job."""
+        try:
+            async with self._running:
+                record = await retry.store_write(lambda: self.store.get(job_id))
+                if record is None or record.finished:
+                    return
+                try:
+                    body = parse_submission(record.task, json.loads(await self.store.payload(job_id)))
+                    now = self._clock()
+                    await retry.store_write(lambda: self.store.start(job_id, now))
+                    remaining = (record.started_at or now) + self.settings.jobs.job_timeout_s - now
+                    try:
+                        async with asyncio.timeout(max(remaining, 0.0)):
+                            await self._compute(record, body)
+                    except TimeoutError:
+                        raise RequestTimeout(f"The job did not finish within jobs.job_timeout_s "
+                                             f"({self.settings.jobs.job_timeout_s:g} s).") from None
+                    await self._finish(record, "succeeded")
+                except ServeAppError as exc:
+                    await self._finish(record, "failed", {"error": exc.message, "error_type": exc.error_type})
+                except (asyncio.CancelledError, KeyboardInterrupt):
+                    raise
+                except Exception as exc:  # never leave a job running forever
+                    logger.exception("job %s failed", job_id)
+                    await self._finish(record, "failed", {"error": f"The job failed: {type(exc).__name__}.",
+                                                          "error_type": "internal_error"})
+        finally:
+            self._tasks.pop(job_id, None)
+
+    async def _compute(self, record: JobRecord, body: BaseModel) -> None:
+        stored = await retry.store_write(lambda: self.store.chunk_metas(record.id))
+        todo = [i for i in range(record.chunks_total) if i not in stored]
+        if stored:
+            self.chunks_resumed += len(stored)
+            logger.info("job %s resumed: %d of %d chunks already stored, not recomputed",
+                        record.id, len(stored), record.chunks_total)
+        for index in todo:
+            start = index * record.chunk_records
+            stop = min(start + record.chunk_records, record.records_total)
+            part = piece(record.task, body, start, stop)
+            response = await retry.model_call(lambda: self._call(record.task, part), self.settings.jobs.model_retry_s)
+            meta, data = encode_chunk_of(record.task, body, response)
+            await retry.store_write(lambda: self.store.put_chunk(record.id, index, stop - start, meta, data))
+            self.chunks_computed += 1
+
+    async def _call(self, task: str, part: BaseModel) -> BaseModel:
+        if task == "translation":
+            return (await self._service.translate(part, read_cache=False, write_cache=False))[0]
+        if task == "embeddings":
+            return (await self._service.embed(part, read_cache=False, write_cache=False))[0]
+        return (await self._service.predict(task, part.inputs))[0]
+
+    async def _finish(self, record: JobRecord, status: str, error: Optional[dict] = None) -> None:
+        now = self._clock()
+        await retry.store_write(lambda: self.store.finish(record.id, status, now,
+                                                          now + self.settings.jobs.result_ttl_s, error))
+        logger.info("job %s %s", record.id, status)
+
+    # -- read, cancel --------------------------------------------------------------------------
+    async def _owned(self, job_id: str, owner: str) -> JobRecord:
+        record = await self._store(self.store.get(job_id))
+        if record is None or record.owner != owner:  # another key's job is as absent as none
+            raise JobNotFound(f"No job {job_id!r}: it never existed or its result expired.")
+        return record
+
+    async def get(self, job_id: str, owner: str = ANONYMOUS, offset: Optional[int] = None,
+                  limit: Optional[int] = None) -> dict:
+        """The job's view; once succeeded with its result, whole when it is small (no paging asked)
+        or else records [offset, offset + limit) with a `page` object (`next`: the next page)."""
+        record = await self._owned(job_id, owner)
+        if record.status != "succeeded":
+            return record.view()
+        total, per = record.records_total, record.chunk_records
+        per_page = max(1, int(self.settings.jobs.max_page_bytes
+                              // json_bytes_per_record(record.task, record.used_bytes, total)))
+        whole, start, stop, limit = page_bounds(offset, limit, total, per_page)
+        metas = await self._store(self.store.chunk_metas(job_id))
+        indexes = list(range(start // per, (stop - 1) // per + 1)) if stop > start else []
+        chunks = await self._store(self.store.chunks(job_id, indexes))
+        tokens = sum(meta.get("tokens", 0) for _, meta in metas.values())
+        result = render(record.task, [(i * per, chunks[i]) for i in indexes], start, stop, tokens)
+        return record.view(result, None if whole else page_of(job_id, start, stop, limit, total))
+
+    async def cancel(self, job_id: str, owner: str = ANONYMOUS) -> dict:
+        """Cancel a queued or running job: its calls still waiting are never computed."""
+        record = await self._owned(job_id, owner)
+        if record.finished:
+            raise JobFinished(f"Job {job_id!r} already {record.status}; there is nothing to cancel.")
+        now = self._clock()
+        if await self._store(self.store.finish(job_id, "cancelled", now, now + self.settings.jobs.result_ttl_s)):
+            task = self._tasks.get(job_id)
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+            logger.info("job %s cancelled", job_id)
+        return (await self._owned(job_id, owner)).view()
+
+    async def stats(self) -> dict[str, int]:
+        counts = await self._store(self.store.counts())
+        return {**counts, "chunks_computed": self.chunks_computed, "chunks_resumed": self.chunks_resumed,
+                "holding_lease": int(self.holding)}

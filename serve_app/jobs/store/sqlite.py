@@ -1,0 +1,251 @@
+"""The job store in one SQLite file (the standard library's sqlite3), the default on one machine.
+
+WAL mode with `synchronous=NORMAL`: a committed write survives the JobManager's process being
+killed (the WAL is in the OS's page cache); a power cut may lose the last transactions, never
+corrupt the file. Every call runs on one worker thread (sqlite3 connections are not shared between
+threads), off the replica's event loop. Several processes may open the file (WAL readers do not
+block the writer); only the holder of the lock file `<path>.lock` (an flock, freed by the OS when
+its process dies, SIGKILL included) runs jobs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import json
+import os
+import sqlite3
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from ..job import FINISHED, STATES, JobRecord, StoreLimits
+from . import Chunk, JobStore, Lease
+
+#: the project's root: a relative `jobs.store_path` is under it (where `make run` runs)
+ROOT = Path(__file__).resolve().parents[2]
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY, owner TEXT NOT NULL, task TEXT NOT NULL, status TEXT NOT NULL,
+    records_total INTEGER NOT NULL, records_done INTEGER NOT NULL DEFAULT 0, chunk_records INTEGER NOT NULL,
+    created_at REAL NOT NULL, started_at REAL, finished_at REAL, expires_at REAL, error TEXT,
+    key TEXT, body_hash TEXT NOT NULL, reserved_bytes INTEGER NOT NULL, used_bytes INTEGER NOT NULL DEFAULT 0,
+    payload BLOB
+);
+CREATE UNIQUE INDEX IF NOT EXISTS jobs_by_key ON jobs (owner, key) WHERE key IS NOT NULL;
+CREATE INDEX IF NOT EXISTS jobs_by_status ON jobs (status, created_at);
+CREATE INDEX IF NOT EXISTS jobs_by_expiry ON jobs (expires_at) WHERE expires_at IS NOT NULL;
+CREATE TABLE IF NOT EXISTS chunks (
+    job_id TEXT NOT NULL, idx INTEGER NOT NULL, records INTEGER NOT NULL, meta TEXT NOT NULL, data BLOB NOT NULL,
+    PRIMARY KEY (job_id, idx)
+) WITHOUT ROWID;
+"""
+
+_COLUMNS = ("id", "owner", "task", "status", "records_total", "records_done", "chunk_records", "created_at",
+            "started_at", "finished_at", "expires_at", "error", "key", "body_hash", "reserved_bytes", "used_bytes")
+_SELECT = f"SELECT {', '.join(_COLUMNS)} FROM jobs"
+_UNFINISHED = "('queued', 'running')"
+
+
+def _record(row: tuple) -> JobRecord:
+    data = dict(zip(_COLUMNS, row))
+    data["error"] = json.loads(data["error"]) if data["error"] else None
+    return JobRecord.from_dict(data)
+
+
+class FileLease(Lease):
+    """An exclusive flock on `<store>.lock`: held while this process lives, freed by the OS when it
+    dies (a killed JobManager's successor takes it at once)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._fd: Optional[int] = None
+
+    async def acquire(self) -> bool:
+        if self._fd is not None:
+            return True
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        self._fd = fd
+        return True
+
+    async def renew(self) -> bool:
+        return self._fd is not None
+
+    async def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor drops the flock
+            self._fd = None
+
+
+class SqliteJobStore(JobStore):
+    def __init__(self, path: Path, *, clock: Callable[[], float] = time.time):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._clock = clock
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="job-store")
+        self._db: Optional[sqlite3.Connection] = None
+        self._lease = FileLease(self.path.with_name(self.path.name + ".lock"))
+
+    @staticmethod
+    def resolve(path: str) -> Path:
+        p = Path(path).expanduser()
+        return p if p.is_absolute() else ROOT / p
+
+    def _connect(self) -> sqlite3.Connection:
+        if self._db is None:
+            db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.executescript(SCHEMA)
+            self._db = db
+        return self._db
+
+    async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        def call():
+            db = self._connect()
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                result = fn(db, *args)
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+            return result
+
+        return await asyncio.get_running_loop().run_in_executor(self._thread, call)
+
+    def _live(self, record: Optional[JobRecord]) -> Optional[JobRecord]:
+        if record is None or (record.expires_at is not None and record.expires_at <= self._clock()):
+            return None
+        return record
+
+    async def create(self, record: JobRecord, payload: bytes, limits: StoreLimits) -> JobRecord:
+        def create(db: sqlite3.Connection) -> JobRecord:
+            now = self._clock()
+            if record.key is not None:
+                row = db.execute(f"{_SELECT} WHERE owner = ? AND key = ?", (record.owner, record.key)).fetchone()
+                if row is not None and self._live(_record(row)) is not None:
+                    return _record(row)
+            self._purge(db, now)  # an expired holder of the key, and expired results, make room
+            unfinished, jobs, total = db.execute(
+                f"SELECT COALESCE(SUM(status IN {_UNFINISHED}), 0), COUNT(*), COALESCE(SUM(reserved_bytes), 0) "
+                "FROM jobs").fetchone()
+            if unfinished >= limits.max_unfinished_jobs:
+                raise limits.refusal("unfinished")
+            if jobs >= limits.max_jobs:
+                raise limits.refusal("jobs")
+            if total + record.reserved_bytes > limits.max_total_result_bytes:
+                raise limits.refusal("bytes")
+            values = {**record.to_dict(), "error": None, "payload": payload}
+            names = (*_COLUMNS, "payload")
+            db.execute(f"INSERT INTO jobs ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
+                       [values[n] for n in names])
+            return record
+
+        return await self._run(create)
+
+    async def find(self, owner: str, key: str) -> Optional[JobRecord]:
+        row = await self._run(lambda db: db.execute(f"{_SELECT} WHERE owner = ? AND key = ?", (owner, key)).fetchone())
+        return self._live(_record(row)) if row else None
+
+    async def get(self, job_id: str) -> Optional[JobRecord]:
+        row = await self._run(lambda db: db.execute(f"{_SELECT} WHERE id = ?", (job_id,)).fetchone())
+        return self._live(_record(row)) if row else None
+
+    async def payload(self, job_id: str) -> Optional[bytes]:
+        row = await self._run(lambda db: db.execute("SELECT payload FROM jobs WHERE id = ?", (job_id,)).fetchone())
+        return row[0] if row else None
+
+    async def start(self, job_id: str, now: float) -> None:
+        await self._run(lambda db: db.execute(
+            f"UPDATE jobs SET status = 'running', started_at = COALESCE(started_at, ?) "
+            f"WHERE id = ? AND status IN {_UNFINISHED}", (now, job_id)))
+
+    async def put_chunk(self, job_id: str, index: int, records: int, meta: dict, data: bytes) -> None:
+        def put(db: sqlite3.Connection) -> None:
+            added = db.execute("INSERT OR IGNORE INTO chunks (job_id, idx, records, meta, data) VALUES (?, ?, ?, ?, ?)",
+                               (job_id, index, records, json.dumps(meta), data)).rowcount
+            if added:
+                db.execute("UPDATE jobs SET records_done = records_done + ?, used_bytes = used_bytes + ?, "
+                           "reserved_bytes = MAX(reserved_bytes, used_bytes + ?) WHERE id = ?",
+                           (records, len(data), len(data), job_id))
+
+        await self._run(put)
+
+    async def chunk_metas(self, job_id: str) -> dict[int, tuple[int, dict]]:
+        rows = await self._run(lambda db: db.execute(
+            "SELECT idx, records, meta FROM chunks WHERE job_id = ?", (job_id,)).fetchall())
+        return {idx: (records, json.loads(meta)) for idx, records, meta in rows}
+
+    async def chunks(self, job_id: str, indexes: list[int]) -> dict[int, Chunk]:
+        def read(db: sqlite3.Connection) -> dict[int, Chunk]:
+            marks = ", ".join("?" * len(indexes))
+            rows = db.execute(f"SELECT idx, records, meta, data FROM chunks WHERE job_id = ? AND idx IN ({marks})",
+                              (job_id, *indexes)).fetchall()
+            return {idx: (records, json.loads(meta), bytes(data)) for idx, records, meta, data in rows}
+
+        return await self._run(read) if indexes else {}
+
+    async def finish(self, job_id: str, status: str, now: float, expires_at: float,
+                     error: Optional[dict] = None) -> bool:
+        assert status in FINISHED, status
+
+        def finish(db: sqlite3.Connection) -> bool:
+            done = db.execute(
+                f"UPDATE jobs SET status = ?, finished_at = ?, expires_at = ?, error = ?, payload = NULL "
+                f"WHERE id = ? AND status IN {_UNFINISHED}",
+                (status, now, expires_at, json.dumps(error) if error else None, job_id)).rowcount
+            if done and status != "succeeded":  # nobody reads a failed or cancelled job's chunks
+                db.execute("DELETE FROM chunks WHERE job_id = ?", (job_id,))
+                db.execute("UPDATE jobs SET reserved_bytes = 0, used_bytes = 0 WHERE id = ?", (job_id,))
+            return bool(done)
+
+        return await self._run(finish)
+
+    async def unfinished(self) -> list[JobRecord]:
+        rows = await self._run(lambda db: db.execute(
+            f"{_SELECT} WHERE status IN {_UNFINISHED} ORDER BY created_at").fetchall())
+        return [_record(r) for r in rows]
+
+    @staticmethod
+    def _purge(db: sqlite3.Connection, now: float) -> int:
+        ids = [r[0] for r in db.execute("SELECT id FROM jobs WHERE expires_at <= ?", (now,)).fetchall()]
+        for job_id in ids:
+            db.execute("DELETE FROM chunks WHERE job_id = ?", (job_id,))
+            db.execute("DELETE FROM jobs WHERE id = ?", (job_id,))
+        return len(ids)
+
+    async def purge(self, now: float) -> int:
+        return await self._run(self._purge, now)
+
+    async def counts(self) -> dict[str, int]:
+        def count(db: sqlite3.Connection) -> dict[str, int]:
+            now = self._clock()
+            counts = {state: 0 for state in STATES}
+            counts.update(db.execute("SELECT status, COUNT(*) FROM jobs WHERE expires_at IS NULL OR expires_at > ? "
+                                     "GROUP BY status", (now,)).fetchall())
+            counts["result_bytes"] = db.execute("SELECT COALESCE(SUM(reserved_bytes), 0) FROM jobs").fetchone()[0]
+            return counts
+
+        return await self._run(count)
+
+    def lease(self) -> Lease:
+        return self._lease
+
+    async def close(self) -> None:
+        await self._lease.release()
+
+        def close() -> None:
+            if self._db is not None:
+                self._db.close()
+                self._db = None
+
+        await asyncio.get_running_loop().run_in_executor(self._thread, close)
+        self._thread.shutdown(wait=False)
