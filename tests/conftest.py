@@ -71,6 +71,8 @@ def serve_process(tmp_path_factory):
     rendered["applications"][0]["args"]["ingress"]["max_body_bytes"] = TEST_MAX_BODY_BYTES
     config.write_text(yaml.safe_dump(rendered, sort_keys=False))
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1")
+    # Its own job store: not the developer's `make run` one (.data/jobs.sqlite3), whose lease another run may hold.
+    env.setdefault("SERVE_APP_JOBS_STORE_PATH", str(work / "jobs.sqlite3"))
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "serve_app.run", str(config)], cwd=ROOT, env=env, stdout=out,

@@ -10,11 +10,27 @@ from typing import Any, Callable, Optional
 
 import httpx
 
-from bench import ray_metrics
+from tests import ray_metrics
 
 #: request headers that make the service compute every text even when its response cache
 #: holds the answer: for tests about model computation (batching, cancellation, kills)
 NO_CACHE = {"Cache-Control": "no-cache"}
+
+
+def save_figures(path, collected: dict, title: str) -> None:
+    """Merge `collected` (measured outcomes) into the JSON file `path` and print them (docs quote them)."""
+    import json
+    from pathlib import Path
+
+    if not collected:
+        return
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    old = json.loads(path.read_text()) if path.exists() else {}
+    old.update(collected)
+    old["_measured_at"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    path.write_text(json.dumps(old, indent=2, sort_keys=True))
+    print(f"\n{title} figures:\n" + json.dumps(collected, indent=2, sort_keys=True))
 
 
 def wait_for(condition: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.1) -> Any:

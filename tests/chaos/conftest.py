@@ -11,11 +11,10 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 
 import pytest
 
-from tests.support import stop_session_serve
+from tests.support import save_figures, stop_session_serve
 
 from .harness import ROOT, ServeRun
 
@@ -43,13 +42,7 @@ def figures():
     """`figures[name] = value`: a measured outcome, printed and saved for the docs."""
     collected: dict = {}
     yield collected
-    if collected:
-        FIGURES.parent.mkdir(parents=True, exist_ok=True)
-        old = json.loads(FIGURES.read_text()) if FIGURES.exists() else {}
-        old.update(collected)
-        old["_measured_at"] = time.strftime("%Y-%m-%d %H:%M:%S")
-        FIGURES.write_text(json.dumps(old, indent=2, sort_keys=True))
-        print("\nchaos figures:\n" + json.dumps(collected, indent=2, sort_keys=True))
+    save_figures(FIGURES, collected, "chaos")
 
 
 @pytest.fixture(scope="session")

@@ -56,6 +56,8 @@ class ServeRun:
         self.env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1",
                         # Replicas push metrics to Ray's agent every second, not every 10 s.
                         RAY_metrics_report_interval_ms="1000", **(env or {}))
+        # Each run its own job store (not `make run`'s .data/jobs.sqlite3); pass env to share one.
+        self.env.setdefault("SERVE_APP_JOBS_STORE_PATH", str(self.workdir / "jobs.sqlite3"))
         # The HTTP proxy `make run` would pick (serve_app/proxy.py; SERVE_APP_PROXY=python runs the suite
         # on Serve's Python proxy), set in the environment so that `serve run` and the launcher agree.
         self.proxy_dir = Path(tempfile.mkdtemp(prefix="sa-", dir="/tmp"))  # Ray recreates it on a restart

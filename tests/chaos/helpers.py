@@ -71,10 +71,26 @@ def cpu_ticks(pid: int) -> int:
     return int(fields[11]) + int(fields[12])
 
 
+async def wait_quiet(pid: int, timeout_s: float = 60, window_s: float = 0.5, max_ticks: int = 2) -> None:
+    """Return once process `pid` burns at most `max_ticks` in a `window_s` window. A replica that
+    has just started (or been replaced) still spends CPU on its own start-up for a few seconds,
+    which would otherwise pass for a batch computing (seen in CI: 5 ticks, no record enqueued)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        before = cpu_ticks(pid)
+        await asyncio.sleep(window_s)
+        if cpu_ticks(pid) - before <= max_ticks:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"replica {pid} kept computing for {timeout_s} s with no load")
+
+
 async def start_while_computing(client: httpx.AsyncClient, pid: int, requests: int,
                                 records: int) -> list[asyncio.Task]:
     """Start `requests` translations of `records` records each, and return once replica `pid`
-    has burnt 50 ms of CPU on them (5 ticks): a batch is computing, the rest are queued."""
+    has burnt 50 ms of CPU on them (5 ticks): a batch is computing, the rest are queued. The
+    replica must be idle first, so that the ticks counted are our batch's."""
+    await wait_quiet(pid)
     ticks = cpu_ticks(pid)
     tasks = [asyncio.create_task(post(client, "/translation", translation_body(records, i * records)))
              for i in range(requests)]

@@ -1,10 +1,11 @@
 """Faults 5 and 6: a request past its deadline (X-Request-Timeout-Ms) gets 504 promptly, and a
 client that disconnects is let go (on Serve's Python proxy; measured through HAProxy); in both
-cases the records still queued in the Translator's @serve.batch queue are dropped, not computed.
+cases the records not yet computing are not computed: those in the Translator's @serve.batch queue
+are dropped there, and the ingress sends no more.
 
 Proof from the replicas' own counters on Ray's Prometheus endpoint:
 serve_app_records_enqueued_total = serve_app_records_total (computed) + serve_app_records_cancelled_total
-(dropped before their batch started), with most of the enqueued records cancelled.
+(dropped before their batch started); past the deadline, most of the enqueued records are cancelled.
 """
 
 from __future__ import annotations
@@ -29,20 +30,33 @@ def _counters(run) -> tuple[float, float, float]:
         "serve_app_records_enqueued_total", "serve_app_records_total", "serve_app_records_cancelled_total"))
 
 
-def _settled(run, previous: list) -> tuple[float, float, float] | None:
-    """Counters once they stop moving and add up (every queued record computed or dropped)."""
-    now = _counters(run)
-    settled = bool(previous) and previous[-1] == now and now[0] == now[1] + now[2]
-    previous.append(now)
+#: Replicas hand their metrics to Ray's agent every second here (harness: metrics_report_interval_ms);
+#: on two starved cores a report can come late, so a count is trusted once it held this long.
+QUIET_S = 4.0
+#: The work sent shows in the counts within this (else the counts say nothing reached the replica).
+SHOWS_WITHIN_S = 20.0
+
+
+def _settled(run, previous: list, since: tuple | None = None, sent_at: float = 0.0) -> tuple | None:
+    """Counters once they stop moving for QUIET_S and add up (every queued record computed or
+    dropped); after sending, also once they moved from `since`, or SHOWS_WITHIN_S passed (a run
+    here read two equal, stale readings 1.2 s apart as settled: 0 records enqueued, computed and dropped)."""
+    now, at = _counters(run), time.monotonic()
+    if not previous or previous[-1][1] != now:
+        previous.append((at, now))  # (since when, reading)
+    settled = at - previous[-1][0] >= QUIET_S and now[0] == now[1] + now[2]
+    if since is not None and now == since and at - sent_at < SHOWS_WITHIN_S:
+        return None
     return now if settled else None
 
 
 def _measure(run, send) -> tuple[list, dict]:
     seen: list = []
-    before = wait_for(lambda: _settled(run, seen), 60, "quiet counters before", interval_s=1.2)
+    before = wait_for(lambda: _settled(run, seen), 60, "quiet counters before", interval_s=1.0)
+    sent_at = time.monotonic()
     outcomes = asyncio.run(send())
     seen = []
-    after = wait_for(lambda: _settled(run, seen), 60, "quiet counters after", interval_s=1.2)
+    after = wait_for(lambda: _settled(run, seen, before, sent_at), 90, "quiet counters after", interval_s=1.0)
     enqueued, computed, cancelled = (a - b for a, b in zip(after, before))
     return outcomes, {"records_sent_by_clients": REQUESTS * RECORDS, "records_enqueued_at_replica": enqueued,
                       "records_computed": computed, "records_dropped_from_queue": cancelled}
@@ -94,9 +108,21 @@ def _disconnect(run) -> tuple[list, dict]:
                       "ingress_access_log_499": logged_499}
 
 
+def _max_batch_size(run, deployment: str = "Translator") -> int:
+    spec = next(d for d in run.config["applications"][0]["deployments"] if d["name"] == deployment)
+    return int(spec["user_config"]["max_batch_size"])
+
+
 def test_disconnected_client_cancels_its_queued_records(own_run, tmp_path, figures):
     """On Serve's Python proxy (`--proxy python`), a client that leaves cancels its request: the
-    proxy cancels the ingress call, and the records still queued are dropped."""
+    proxy cancels the ingress call, and no record that was not yet computing is computed, wherever
+    it waited: the ingress's calls not yet sent, or the Translator's queue (dropped there).
+
+    How many records reach the Translator's queue before the clients leave is up to the two cores:
+    runs here had 264 (16 computed, 248 dropped from its queue) and 32 (one batch, all computing when
+    the clients left, nothing behind it). So the bound is on what is computed: the batch running when
+    the clients left, and at most one more that started before their cancellation reached the
+    replica; of the 768 records sent, all would be computed without it."""
     run = ServeRun(tmp_path / "python-proxy", proxy="python")
     run.start()
     try:
@@ -108,8 +134,7 @@ def test_disconnected_client_cancels_its_queued_records(own_run, tmp_path, figur
     assert run.proxy == "python"
     assert all(isinstance(r, asyncio.CancelledError) for r, _ in outcomes)
     assert counts["records_enqueued_at_replica"] > 0
-    assert counts["records_dropped_from_queue"] > 0
-    assert counts["records_computed"] <= counts["records_enqueued_at_replica"] / 2
+    assert counts["records_computed"] <= 2 * _max_batch_size(run), counts
     assert counts["ingress_access_log_499"] >= 1
 
 

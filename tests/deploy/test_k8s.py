@@ -32,10 +32,15 @@ def _one(objects: list[dict], kind: str) -> dict:
 def test_overlay_deploys_everything_into_one_namespace(overlay):
     name, objects = overlay
     kinds = sorted(o["kind"] for o in objects)
-    expected = {"Namespace", "Secret", "RayService", "Ingress", "PodMonitor", "PodDisruptionBudget", "ConfigMap"}
+    # No Secret: every secret (API keys, Redis password) is created by the user, never committed.
+    expected = {"Namespace", "NetworkPolicy", "RayService", "Ingress", "PodMonitor", "PodDisruptionBudget", "ConfigMap",
+                # k8s/base/redis.yaml: GCS fault tolerance and the job store
+                "Deployment", "Service", "PersistentVolumeClaim"}
     if name == "gpu":
-        expected |= {"PersistentVolumeClaim", "Job"}
-    assert set(kinds) == expected and len(kinds) == len(expected), kinds
+        expected |= {"Job"}
+    assert set(kinds) == expected, kinds
+    singles = [k for k in kinds if k != "NetworkPolicy"]  # network-policies.yaml: one per port group
+    assert len(singles) == len(expected) - 1 + (name == "gpu"), kinds  # gpu: the model cache's claim too
     assert _one(objects, "Namespace")["metadata"]["name"] == NAMESPACE
     for obj in objects:
         if obj["kind"] != "Namespace":
@@ -120,21 +125,28 @@ def test_pod_monitor_scrapes_ray_and_haproxy_metrics_on_every_ray_pod(overlay):
         assert ports["haproxy-metrics"] == int(env.get("RAY_SERVE_HAPROXY_METRICS_PORT", 9101)), group
 
 
-def test_api_key_secret_is_a_marked_placeholder_and_reaches_the_pods(overlay):
+def test_api_keys_come_from_a_secret_the_user_creates_mounted_as_a_file(overlay):
+    """Every Ray pod mounts the Secret `serve-app-api-key` (not optional: a pod without it does not
+    start) and points SERVE_APP_INGRESS_API_KEYS_FILE at its file; no key in env or args."""
     _, objects = overlay
-    secret = _one(objects, "Secret")
-    assert secret["metadata"]["annotations"]["serve-app/placeholder"] == "true"
-    (key,) = secret["stringData"]
-    assert key.startswith("SERVE_APP_") and "PLACEHOLDER" in secret["stringData"][key]
-    for group, template in ray_pod_templates(_one(objects, "RayService")):
-        env = {e["name"]: e for e in template["spec"]["containers"][0]["env"]}
-        ref = env[key]["valueFrom"]["secretKeyRef"]
-        assert (ref["name"], ref["key"]) == (secret["metadata"]["name"], key), group
+    rayservice = _one(objects, "RayService")
+    for group, template in ray_pod_templates(rayservice):
+        spec = template["spec"]
+        (volume,) = [v for v in spec["volumes"] if v.get("secret", {}).get("secretName") == "serve-app-api-key"]
+        assert volume["secret"]["optional"] is False, group
+        container = spec["containers"][0]
+        (mount,) = [m for m in container["volumeMounts"] if m["name"] == volume["name"]]
+        assert mount["readOnly"] is True
+        env = {e["name"]: e for e in container["env"]}
+        assert "SERVE_APP_INGRESS_API_KEYS" not in env, group
+        assert env["SERVE_APP_INGRESS_API_KEYS_FILE"]["value"] == mount["mountPath"] + "/api-keys", group
+    args = yaml.safe_load(rayservice["spec"]["serveConfigV2"])["applications"][0]["args"]
+    assert "api_keys" not in args.get("ingress", {})
 
 
 def test_gpu_overlay_fills_the_model_cache_the_workers_mount():
     objects = kustomize(ROOT / "k8s" / "overlays" / "gpu")
-    pvc = _one(objects, "PersistentVolumeClaim")
+    (pvc,) = [c for c in _by_kind(objects, "PersistentVolumeClaim") if c["metadata"]["name"] != "serve-app-redis"]
     job = _one(objects, "Job")["spec"]["template"]["spec"]
     rayservice = _one(objects, "RayService")
     claim = pvc["metadata"]["name"]
@@ -151,9 +163,11 @@ def test_gpu_overlay_fills_the_model_cache_the_workers_mount():
         for volume in template["spec"].get("volumes", []):
             if "persistentVolumeClaim" in volume:
                 assert volume["persistentVolumeClaim"]["claimName"] == claim
+        pvcs = {v["name"] for v in template["spec"].get("volumes", []) if "persistentVolumeClaim" in v}
         for container in template["spec"]["containers"] + template["spec"].get("initContainers", []):
             for mount in container.get("volumeMounts", []):
-                assert mount["readOnly"] is True, (group, container["name"])
+                if mount["name"] in pvcs:
+                    assert mount["readOnly"] is True, (group, container["name"])
             assert "snapshot_download" not in str(container.get("args", "")) + str(container.get("command", ""))
     config = yaml.safe_load(rayservice["spec"]["serveConfigV2"])
     assert config["applications"][0]["args"]["translation"]["model"] == env["TARGET"]
@@ -161,9 +175,10 @@ def test_gpu_overlay_fills_the_model_cache_the_workers_mount():
 
 def test_cpu_overlay_needs_no_model_cache():
     objects = kustomize(ROOT / "k8s" / "overlays" / "cpu")
-    assert not _by_kind(objects, "PersistentVolumeClaim") and not _by_kind(objects, "Job")
+    claims = [c["metadata"]["name"] for c in _by_kind(objects, "PersistentVolumeClaim")]
+    assert claims == ["serve-app-redis"] and not _by_kind(objects, "Job")
     for _, template in ray_pod_templates(_one(objects, "RayService")):
-        assert not template["spec"].get("volumes")
+        assert not [v for v in template["spec"].get("volumes", []) if "persistentVolumeClaim" in v]
 
 
 def test_core_validation_is_strict():

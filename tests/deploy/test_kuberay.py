@@ -57,7 +57,7 @@ def test_a_wrongly_typed_or_unknown_nested_field_is_rejected():
 
 def test_serve_config_v2_is_the_rendered_cluster_profile(rayservice):
     name = rayservice["metadata"]["name"]
-    profile = {"serve-app-cpu": "cpu", "serve-app-gpu": "gpu"}[name]
+    profile = {"serve-app-cpu": "cpu-cluster", "serve-app-gpu": "gpu"}[name]
     config = yaml.safe_load(rayservice["spec"]["serveConfigV2"])
     assert config == sp.serve_config(profile, "cluster")
 

@@ -1,4 +1,5 @@
-"""deploy/serve_profiles.py: one source for every Serve config, and no drift from it."""
+"""deploy/serve_profiles.py: one source for every Serve config, and no drift from it
+(rendered by deploy/render_configs.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from deploy import render_configs as rc
 from deploy import serve_profiles as sp
 from serve_app.config_check import check_config
 
@@ -24,7 +26,7 @@ def _deployment(config: dict, name: str) -> dict:
 
 
 def test_checked_in_files_match_the_profiles():
-    diffs = sp.drift(ROOT)
+    diffs = rc.drift(ROOT)
     assert not diffs, "rendered files drifted; run `python -m deploy.serve_profiles`:\n" + "".join(diffs)
 
 
@@ -37,10 +39,10 @@ def test_check_cli_passes_on_the_checked_in_tree():
 @pytest.fixture
 def tree_copy(tmp_path) -> Path:
     """The rendered files (and what renders them) copied to a temporary root."""
-    for name in [*sp.LOCAL_FILES, *sp.RAYSERVICES]:
+    for name in [*rc.LOCAL_FILES, *rc.RAYSERVICES]:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / name, tmp_path / name)
-    assert sp.drift(tmp_path) == []
+    assert rc.drift(tmp_path) == []
     return tmp_path
 
 
@@ -49,7 +51,7 @@ def test_a_drifted_serve_config_fails_the_check(tree_copy):
     text = path.read_text()
     assert "max_batch_size: 32" in text
     path.write_text(text.replace("max_batch_size: 32", "max_batch_size: 48", 1))
-    diffs = sp.drift(tree_copy)
+    diffs = rc.drift(tree_copy)
     assert len(diffs) == 1
     assert "-          max_batch_size: 48" in diffs[0] and "+          max_batch_size: 32" in diffs[0]
     out = subprocess.run([sys.executable, "-m", "deploy.serve_profiles", "--check", "--root", str(tree_copy)],
@@ -64,29 +66,29 @@ def test_a_drifted_serve_config_v2_fails_the_check(tree_copy):
     needle = "              max_batch_size: 64\n"
     assert needle in text
     path.write_text(text.replace(needle, "              max_batch_size: 16\n", 1))
-    diffs = sp.drift(tree_copy)
+    diffs = rc.drift(tree_copy)
     assert len(diffs) == 1 and "kuberay/rayservice-gpu.yaml" in diffs[0] and "max_batch_size: 16" in diffs[0]
     # Writing repairs it, and leaves the hand-written rest of the file alone.
-    sp.write_all(tree_copy, log=lambda _: None)
-    assert path.read_text() == text and sp.drift(tree_copy) == []
+    rc.write_all(tree_copy, log=lambda _: None)
+    assert path.read_text() == text and rc.drift(tree_copy) == []
 
 
 def test_render_fails_on_a_rayservice_without_a_serve_config_block(tree_copy):
     path = tree_copy / "kuberay/rayservice-cpu.yaml"
     path.write_text(path.read_text().replace("serveConfigV2: |", "serveConfig: |"))
     with pytest.raises(ValueError, match="serveConfigV2"):
-        sp.render_all(tree_copy)
+        rc.render_all(tree_copy)
 
 
 @pytest.mark.parametrize("profile,target", PAIRS)
 def test_every_profile_and_target_passes_the_strict_checker(profile, target):
-    text = sp.to_yaml(sp.annotated_config(profile, target))
+    text = rc.to_yaml(sp.annotated_config(profile, target))
     config = yaml.safe_load(text)
     assert config == sp.serve_config(profile, target), "the commented YAML must load to the plain config"
     assert check_config(config) == []
 
 
-@pytest.mark.parametrize("name,profile", sorted(sp.LOCAL_FILES.items()))
+@pytest.mark.parametrize("name,profile", sorted(rc.LOCAL_FILES.items()))
 def test_local_files_are_the_local_target(name, profile):
     config = yaml.safe_load((ROOT / name).read_text())
     assert config == sp.serve_config(profile, "local")
@@ -120,6 +122,25 @@ def test_model_deployments_batch_and_autoscale_sensibly(profile, target):
         assert scaling["target_ongoing_requests"] < dep["max_ongoing_requests"]
         assert 0 < dep["max_queued_requests"] <= 1024, "the queue must be bounded"
         assert dep["health_check_timeout_s"] >= dep["health_check_period_s"]
+
+
+@pytest.mark.parametrize("profile", sorted(set(rc.RAYSERVICES.values())))
+def test_a_head_restart_mid_downscale_leaves_every_deployment_a_running_replica(profile):
+    """Serve's recovering controller stops n - t replicas of a step from n to t again, not knowing which were
+    draining: 2t - n may be left (CLUSTER_DOWNSCALING_FACTOR). Every step the autoscaler can take, with
+    Ray's own scaling arithmetic and any load (desired 0 .. n - 1), must leave at least one."""
+    from ray.serve.autoscaling_policy import _apply_scaling_factors
+    from ray.serve.config import AutoscalingConfig
+
+    for dep in sp.serve_config(profile, "cluster")["applications"][0]["deployments"]:
+        if "autoscaling_config" not in dep:
+            continue
+        config = AutoscalingConfig(**dep["autoscaling_config"])
+        for n in range(config.min_replicas + 1, config.max_replicas + 1):
+            for desired in range(n):
+                t = max(config.min_replicas, _apply_scaling_factors(desired, n, config))
+                assert 2 * t - n >= 1, (f"{dep['name']}: a step from {n} to {t} replicas can leave none running "
+                                        "after a head restart")
 
 
 @pytest.mark.parametrize("profile", ["cpu", "cpu-placed"])
@@ -160,7 +181,7 @@ def test_gpu_profile_uses_the_model_cache_and_half_a_gpu():
 
 def test_every_number_in_the_profiles_is_explained_somewhere():
     """Each deployment setting block carries at least one reason (a `# ...` comment)."""
-    text = sp.render_local("cpu")
+    text = rc.render_local("cpu")
     for key in ("max_replicas", "target_ongoing_requests", "max_ongoing_requests", "max_queued_requests",
                 "max_batch_size", "num_cpus", "upscale_delay_s", "look_back_period_s", "health_check_period_s"):
         line = next(i for i, line in enumerate(text.splitlines()) if line.strip().startswith(f"{key}:"))

@@ -1,6 +1,6 @@
 """Asynchronous jobs over HTTP against the running service: submit, poll, result, cancel, errors.
 
-(What survives an ingress restart is tested in tests/chaos/test_jobs_survive_ingress_restart.py.)"""
+(What survives restarts of the ingress, the JobManager and the run: tests/chaos/test_jobs_restarts.py.)"""
 
 from __future__ import annotations
 
@@ -135,3 +135,31 @@ def test_a_submission_sent_again_with_its_x_request_id_is_the_same_job(http):
     assert other.status_code == 202 and other.json()["job_id"] != first.json()["job_id"]
     for view in (first.json(), other.json()):
         assert _finished(http, view["job_id"])["status"] == "succeeded"
+
+
+def test_an_idempotency_key_is_one_job_and_another_body_under_it_is_409(http):
+    body = {"task": "translation", "payload": _translation(2, f"idem-{uuid.uuid4().hex}")}
+    key = {"Idempotency-Key": uuid.uuid4().hex}
+    first = http.post("/jobs", json=body, headers=key)
+    again = http.post("/jobs", json=body, headers=key)  # a client's retry: another x-request-id
+    assert first.status_code == again.status_code == 202 and again.json()["job_id"] == first.json()["job_id"]
+    reused = http.post("/jobs", json={**body, "payload": _translation(3, "other")}, headers=key)
+    assert reused.status_code == 409 and reused.json()["error_type"] == "idempotency_key_reused"
+    assert _finished(http, first.json()["job_id"])["status"] == "succeeded"
+
+
+def test_a_large_embeddings_result_comes_in_pages_equal_to_the_route(http):
+    """600 vectors of 384 floats are ~4.6 MB of JSON, over jobs.max_page_bytes (4 MiB): pages."""
+    texts = [f"paged embedding {i} {uuid.uuid4().hex}" for i in range(600)]
+    view = _finished(http, _submit(http, "embeddings", {"input": texts})["job_id"], timeout_s=300)
+    assert view["status"] == "succeeded", view
+    data, pages = list(view["result"]["data"]), 1
+    while view["page"]["next"]:
+        resp = http.get(view["page"]["next"])
+        assert resp.status_code == 200, resp.text
+        view, pages = resp.json(), pages + 1
+        data += view["result"]["data"]
+    assert pages >= 2 and [d["index"] for d in data] == list(range(600))
+    direct = http.post("/embeddings", json={"input": texts[-5:]}).json()["data"]
+    for got, want in zip(data[-5:], direct):
+        assert float(np.dot(got["embedding"], want["embedding"])) > 0.9999

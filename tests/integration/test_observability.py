@@ -93,12 +93,17 @@ def test_metrics_move_after_requests(serve_url, serve_log):
         assert http.post("/translation", json={"payload": {}}).status_code == 422
         assert http.post("/embeddings", json={"input": ["one", "two"]}).status_code == 200
 
+    def records(snapshot) -> float:
+        return metric_sum(snapshot, "serve_app_records_total", model="Translator")
+
     def moved():
         now = scrape(url)
-        return now if all(metric_sum(now, n, **l) > metric_sum(before, n, **l) for n, l in WATCHED) else None
+        every = all(metric_sum(now, n, **l) > metric_sum(before, n, **l) for n, l in WATCHED)
+        # Each replica pushes its own metrics: with two Ingress replicas (placed models), one push can
+        # come before the other's, so wait for all six records, not only the first move.
+        return now if every and records(now) - records(before) >= 6 else None
 
     # Replicas push metrics to Ray's agent every 10 s by default.
-    now = wait_for(moved, 60, "every serve_app metric to move", interval_s=1)
-    assert metric_sum(now, "serve_app_records_total", model="Translator") - \
-        metric_sum(before, "serve_app_records_total", model="Translator") >= 6
+    now = wait_for(moved, 60, "every serve_app metric to move and all 6 records counted", interval_s=1)
+    assert records(now) - records(before) >= 6
     assert metric_sum(now, "serve_app_request_seconds_bucket", route="/translation", le="+Inf") >= 3

@@ -1,16 +1,20 @@
 """Unit tests of the load tests' own logic: payloads, body checkers, response
 classification (503 = shed, with Retry-After), the SLO figures and verdict, the
-SLO defaults, the shapes' schedules and the report's matrix table. No server.
+SLO flags as Locust's own parser reads them, the shapes' schedules and the report's
+matrix table. No server.
 
-`locustfiles/common.py` and `report.py` do not import Locust (importing it would
-gevent-patch the pytest process); the shapes do, so they are checked in a
-subprocess.
+`locustfiles/common.py`, `slo.py` and `report.py` do not import Locust (importing it
+would gevent-patch the pytest process); the shapes and base.py do, so they are
+checked in a subprocess.
+
+Why this module is long: one short test per rule of the load tests' checks and SLO verdict; they share the payload fixtures.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import math
+import os
 import subprocess
 import sys
 import textwrap
@@ -23,6 +27,8 @@ LOCUSTFILES = Path(__file__).resolve().parents[2] / "locustfiles"
 
 
 def _load(name: str):
+    if str(LOCUSTFILES) not in sys.path:  # the locustfiles import each other by name, as Locust runs them
+        sys.path.insert(0, str(LOCUSTFILES))
     spec = importlib.util.spec_from_file_location(f"_locustfiles_{name}", LOCUSTFILES / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there
@@ -31,11 +37,13 @@ def _load(name: str):
 
 
 common = _load("common")
+slo = _load("slo")
 report = _load("report")
 
 
-def test_common_does_not_import_locust():
-    assert "locust" not in vars(common) and "gevent" not in vars(common)
+def test_common_slo_and_report_do_not_import_locust():
+    for module in (common, slo, report):
+        assert "locust" not in vars(module) and "gevent" not in vars(module), module.__name__
 
 
 # --------------------------------------------------------------------- payloads
@@ -207,18 +215,18 @@ def _entries(ok_ms=100, n_ok=95, n_fail=0, n_shed=0, slow_ms=None, n_slow=0):
         times[slow_ms] = n_slow
     rows = [("/translation 1rec", n_ok + n_fail + n_slow, n_fail, times)]
     if n_shed:
-        rows.append(("/translation 1rec" + common.SHED_SUFFIX, n_shed, 0, {1: n_shed}))
+        rows.append(("/translation 1rec" + slo.SHED_SUFFIX, n_shed, 0, {1: n_shed}))
     return rows
 
 
 def test_percentile_like_locust():
-    assert common.percentile({}, 0.95) is None
-    assert common.percentile({10: 95, 1000: 5}, 0.95) == 10
-    assert common.percentile({10: 94, 1000: 6}, 0.95) == 1000
+    assert slo.percentile({}, 0.95) is None
+    assert slo.percentile({10: 95, 1000: 5}, 0.95) == 10
+    assert slo.percentile({10: 94, 1000: 6}, 0.95) == 1000
 
 
 def test_slo_figures_keep_shed_out_of_errors_and_p95():
-    fig = common.slo_figures(_entries(n_ok=90, n_fail=2, n_shed=50, slow_ms=4000, n_slow=8))
+    fig = slo.slo_figures(_entries(n_ok=90, n_fail=2, n_shed=50, slow_ms=4000, n_slow=8))
     assert fig.requests == 150 and fig.shed == 50 and fig.errors == 2
     assert fig.error_ratio == pytest.approx(2 / 100)  # over requests not shed
     assert fig.shed_ratio == pytest.approx(50 / 150)
@@ -226,7 +234,7 @@ def test_slo_figures_keep_shed_out_of_errors_and_p95():
 
 
 def test_slo_verdict_passes_within_limits_and_at_the_limit():
-    ok, line = common.slo_verdict(common.slo_figures(_entries(n_ok=99, n_fail=1)), 0.01, 200, 0.0)
+    ok, line = slo.slo_verdict(slo.slo_figures(_entries(n_ok=99, n_fail=1)), 0.01, 200, 0.0)
     assert ok and line.startswith("SLO PASS") and "p95=100 ms" in line and "errors=1" in line
 
 
@@ -237,19 +245,39 @@ def test_slo_verdict_passes_within_limits_and_at_the_limit():
     ([], (0.01, 5000, 0.05), "no requests"),
 ])
 def test_slo_verdict_fails_on_each_breach(entries, limits, breach):
-    ok, line = common.slo_verdict(common.slo_figures(entries), *limits)
+    ok, line = slo.slo_verdict(slo.slo_figures(entries), *limits)
     assert not ok and line.startswith("SLO FAIL") and breach in line
 
 
-def test_slo_defaults_env_then_pyproject_then_builtin(tmp_path):
-    toml = tmp_path / "pyproject.toml"
-    toml.write_text('[tool.locust]\nslo-p95-ms = 1234\nslo-max-shed-ratio = 0.2\nheadless = true\n')
-    table = common.pyproject_locust_table(toml)
-    assert table["slo-p95-ms"] == 1234
-    d = common.slo_defaults(env={"LOCUST_SLO_MAX_SHED_RATIO": "0.5"}, pyproject=table)
-    assert d == {"slo-max-error-ratio": 0.01, "slo-p95-ms": 1234.0, "slo-max-shed-ratio": 0.5}
-    assert common.slo_defaults(env={}, pyproject={})["slo-p95-ms"] == common.SLO_OPTIONS["slo-p95-ms"][1]
-    assert common.pyproject_locust_table(tmp_path / "missing.toml") == {}
+SLO_FLAGS_CHECK = textwrap.dedent("""
+    import os, sys
+    sys.argv = ["locust", "-f", os.path.join(sys.argv[1], "mixed.py")]
+    sys.path.insert(0, sys.argv[1])
+    import mixed  # noqa: F401  (declares the flags through base.py)
+    from locust.argument_parser import parse_options
+    o = parse_options()
+    print(o.slo_max_error_ratio, o.slo_p95_ms, o.slo_max_shed_ratio)
+""")
+
+
+def test_slo_flags_come_from_locust_s_own_config_and_environment(tmp_path):
+    """Locust reads `[tool.locust]` of the working directory's pyproject.toml, then LOCUST_* variables,
+    for our flags as for its own: no copy of that here."""
+    (tmp_path / "pyproject.toml").write_text('[tool.locust]\nslo-p95-ms = 1234\nslo-max-shed-ratio = 0.2\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOCUST_")}
+
+    def flags(cwd, **extra):
+        proc = subprocess.run([sys.executable, "-c", SLO_FLAGS_CHECK.replace("sys.argv[1]", repr(str(LOCUSTFILES)))],
+                              cwd=cwd, env={**env, **extra}, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return tuple(float(x) for x in proc.stdout.split()[-3:])
+
+    assert flags(tmp_path, LOCUST_SLO_MAX_SHED_RATIO="0.5") == (0.01, 1234.0, 0.5)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert flags(empty) == tuple(slo.SLO_DEFAULTS.values())
+    # the repository's own [tool.locust] (what `make load` and tests/load run with) agrees with the defaults
+    assert flags(LOCUSTFILES.parent) == tuple(slo.SLO_DEFAULTS.values())
 
 
 # --------------------------------------------------------------------- shapes (subprocess: they import locust)

@@ -77,3 +77,15 @@ def _no_replica_context(monkeypatch):
     from ray.serve import batching
     monkeypatch.setattr(batching._BatchQueue, "_warn_if_max_batch_size_exceeds_max_ongoing_requests",
                         lambda self: None)
+
+
+@pytest.fixture
+def app_client():
+    """A TestClient on the FastAPI app (errors answered, not raised); the installed service is removed after."""
+    from fastapi.testclient import TestClient
+
+    from serve_app.api import app, set_service
+
+    with TestClient(app, raise_server_exceptions=False) as c:
+        yield c
+    set_service(None)

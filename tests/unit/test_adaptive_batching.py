@@ -2,8 +2,8 @@
 
 import pytest
 
-from deployments._config import parse_batch_config
 from deployments.adaptive_batching import AIMDBatchSizer, AIMDSettings, p99
+from deployments.batch_config import parse_batch_config
 
 
 def settings(**overrides):
@@ -143,7 +143,7 @@ def test_bad_settings_are_rejected(bad):
 def test_replica_shrinks_its_live_batch_size_when_batches_miss_the_target(monkeypatch, loop):
     from deployments.batching import Chunk
     from deployments.translator import Translator
-    from serve_app.settings import TranslationSettings
+    from deployments.settings import TranslationSettings
     from tests.unit.test_length_batching import WordBackend
 
     backend = WordBackend()
@@ -174,7 +174,7 @@ def test_a_queued_piece_the_live_size_shrank_under_is_cut_again(monkeypatch, loo
     """Serve refuses an item larger than max_batch_size when it starts a batch; _submit_pieces
     cuts such a piece again to the live size instead of failing the call."""
     from deployments.translator import Translator
-    from serve_app.settings import TranslationSettings
+    from deployments.settings import TranslationSettings
     from tests.unit.test_length_batching import WordBackend
 
     monkeypatch.setattr("deployments.translator.load_translation_backend", lambda settings, threads: WordBackend())

@@ -1,5 +1,8 @@
 """The benchmark harness's pure logic: statistics, the saturation / 50% rate pick, wrk parsing,
-request bodies, profiles and the rendered table (bench/compare). No servers, no Ray."""
+request bodies, profiles and the rendered table (bench/compare). No servers, no Ray.
+
+Why this module is long: one short test per rule of the benchmark harness's pure logic, sharing its sample data.
+"""
 
 import json
 
@@ -178,20 +181,6 @@ def test_append_keeps_other_workloads_and_replaces_the_measured_one():
         merge_previous({**previous, "profile": "smoke"}, fresh)
 
 
-def test_batch_join_pins_the_model_deployment_and_keeps_the_config_valid(tmp_path):
-    import yaml
-
-    from bench.batch_join import ROOT, write_config
-
-    out = write_config(ROOT, "embeddings", 9700, 2, tmp_path / "c.yaml")  # raises if config_check refuses it
-    config = yaml.safe_load(out.read_text())
-    assert config["http_options"]["port"] == 9700
-    app = next(a for a in config["applications"] if a["import_path"].startswith("serve_app."))
-    embedder = next(d for d in app["deployments"] if d["name"] == "Embedder")
-    assert embedder["autoscaling_config"]["min_replicas"] == embedder["autoscaling_config"]["max_replicas"] == 2
-    assert app["args"]["cache"] == {"enabled": False}
-
-
 def test_serve_app_settles_at_the_busiest_load_before_its_cells_and_peers_do_not():
     from bench.compare.contenders import CONTENDERS
 
@@ -216,6 +205,12 @@ def test_serve_app_settles_before_each_request_size_at_that_size_s_busiest_load(
         def wait_ready(self, url, timeout_s):
             return 1.0
 
+        def since_start(self):
+            return 2.0
+
+        def memory(self):
+            return {"pss_mib": 1.0, "rss_mib": 2.0, "processes": 1}
+
         def stop(self):
             pass
 
@@ -232,7 +227,8 @@ def test_serve_app_settles_before_each_request_size_at_that_size_s_busiest_load(
     monkeypatch.setattr(bench_main.load, "run_open", lambda target, rate, seconds: {"p50_ms": 1.0, "p99_ms": 2.0, "errors": 0})
     contender = dataclasses.replace(next(c for c in CONTENDERS if c.name == "serve_app"), info_path=None)
     profile = PROFILES["default"]
-    results = {"cells": [], "failures": [], "contender_info": {}, "startup_s": {}, "wall_s": {}}
+    results = {"cells": [], "failures": [], "contender_info": {}, "startup_s": {}, "first_answer_s": {}, "memory": {},
+               "wall_s": {}}
     bench_main.run_contender(contender, "translation-transformers", profile, 9999, tmp_path, tmp_path / "t", results)
 
     assert results["failures"] == []
@@ -265,29 +261,6 @@ def test_serve_app_python_proxy_is_the_same_start_on_serve_s_python_proxy_and_is
     assert text.index("serve-app:") < text.index("serve-app, Python proxy:")
 
 
-def test_batch_join_tree_specs_carry_env():
-    from bench.batch_join import parse_tree
-
-    name, path, env = parse_tree("off=.:SERVE_APP_A=1,SERVE_APP_B=x=y")
-    assert name == "off" and path.is_absolute() and env == {"SERVE_APP_A": "1", "SERVE_APP_B": "x=y"}
-    assert parse_tree("before=/tmp/b")[2] == {}
-
-
-def test_batch_join_options_merge_into_the_tree_s_config(tmp_path):
-    import yaml
-
-    from bench.batch_join import ROOT, parse_option, write_config
-
-    tree, option = parse_option("big=Translator.user_config.max_batch_size=64")
-    assert (tree, option) == ("big", {"Translator": {"user_config": {"max_batch_size": 64}}})
-    out = write_config(ROOT, "translation-transformers", 9702, 2, tmp_path / "c.yaml", option)
-    app = next(a for a in yaml.safe_load(out.read_text())["applications"] if a["import_path"].startswith("serve_app."))
-    translator = next(d for d in app["deployments"] if d["name"] == "Translator")
-    assert translator["user_config"]["max_batch_size"] == 64
-    assert translator["autoscaling_config"]["max_replicas"] == 2  # the pinning stays
-    assert translator["user_config"]["batch_wait_timeout_s"] > 0  # the rest of user_config stays
-
-
 def test_serve_app_placed_serves_the_placed_profile_with_the_workload_s_model_args(tmp_path):
     import yaml
 
@@ -301,3 +274,125 @@ def test_serve_app_placed_serves_the_placed_profile_with_the_workload_s_model_ar
     assert app["args"]["translation"]["backend"] == "transformers"  # the bench's model, as for serve_app
     assert {d["name"] for d in app["deployments"]} == {"Ingress", "JobManager"}  # every model in the Ingress
     assert "serve_app_placed" in report.PROJECT  # judged against the peers, never counted as one
+
+
+# --- the dedicated batching servers (issue 24): mosec, LitServe, Infinity; start-up and memory ---
+
+def _fake_run(texts):
+    """A model stand-in: one 'vector' per text, recording each call's batch."""
+    _fake_run.calls.append(list(texts))
+    return [[float(len(t))] for t in texts]
+
+
+def test_a_batch_of_requests_is_one_model_call_and_each_request_gets_its_own_outputs_in_order():
+    from bench.peers.contract import outputs_per_request
+
+    _fake_run.calls = []
+    out = outputs_per_request(_fake_run, [["a"], ["bb", "ccc"], [], ["dddd"]])
+    assert _fake_run.calls == [["a", "bb", "ccc", "dddd"]]
+    assert out == [[[1.0]], [[2.0], [3.0]], [], [[4.0]]]
+
+
+def test_tree_pss_counts_every_process_once_and_pss_never_exceeds_rss():
+    import subprocess
+    import sys
+
+    import psutil
+
+    from bench.compare.procs import tree_pss
+
+    me = psutil.Process()
+    alone = tree_pss([me, psutil.Process(me.pid)])  # the same process twice counts once
+    assert alone["processes"] == 1 and 0 < alone["pss_mib"] <= alone["rss_mib"]
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        both = tree_pss([me, *me.children(recursive=True)])
+        assert both["processes"] >= 2 and both["pss_mib"] > alone["pss_mib"] * 0.5
+        assert both["rss_mib"] - both["pss_mib"] >= alone["rss_mib"] - alone["pss_mib"]  # shared pages: RSS twice
+    finally:
+        child.kill()
+        child.wait()
+    gone = tree_pss([psutil.Process(child.pid)] if psutil.pid_exists(child.pid) else [])
+    assert gone["processes"] == 0
+
+
+def test_the_batching_servers_are_contenders_with_serve_app_s_cap_and_infinity_serves_embeddings_only(tmp_path):
+    from bench.compare.contenders import CONTENDERS
+    from bench.peers.infinity_peer import ENGINE, infinity_argv
+    from bench.peers.models import project_batching
+
+    by_name = {c.name: c for c in CONTENDERS}
+    for name in ("mosec", "litserve", "infinity"):
+        assert name in by_name and name not in report.PROJECT
+    assert by_name["mosec"].argv("embeddings", 9701, tmp_path)[-5:] == [
+        "bench.peers.mosec_peer", "--workload", "embeddings", "--port", "9701"]
+    infinity = by_name["infinity"]
+    assert "serves only embeddings" in infinity.unavailable_for("translation-embedded")
+    argv = infinity_argv("embeddings", 9701, "/models/minilm")
+    assert argv[argv.index("--batch-size") + 1] == str(project_batching("embeddings")[0])
+    assert argv[argv.index("--engine") + 1] == ENGINE == "torch"
+    assert argv[argv.index("--model-id") + 1] == "/models/minilm" and "--no-vector-disk-cache" in argv
+    with pytest.raises(SystemExit, match="embedding models only"):
+        infinity_argv("translation-embedded", 9701, "/models/minilm")
+
+
+def test_mosec_worker_decodes_serve_app_s_contract_and_answers_each_request_of_a_batch():
+    mosec = pytest.importorskip("mosec")
+    from bench.peers.mosec_peer import Model
+
+    worker = Model.__new__(Model)  # no model load: the stand-in below
+    worker.workload, worker.run = "embeddings", _fake_run
+    _fake_run.calls = []
+    data = [worker.deserialize(b'{"input": "ab"}'), worker.deserialize(b'{"input": ["a", "abc"]}')]
+    answers = worker.forward(data)
+    assert _fake_run.calls == [["ab", "a", "abc"]]
+    assert [[d["embedding"] for d in a["data"]] for a in answers] == [[[2.0]], [[1.0], [3.0]]]
+    assert json.loads(worker.serialize(answers[0]))["object"] == "list"
+    with pytest.raises(mosec.ValidationError):
+        worker.deserialize(b'{"inputs": "typo"}')
+
+
+def test_litserve_api_decodes_serve_app_s_contract_and_refuses_a_bad_body_with_422():
+    pytest.importorskip("litserve")
+    from fastapi import HTTPException
+
+    from bench.peers.litserve_peer import ModelAPI
+    from bench.peers.models import WORKLOADS, project_batching
+
+    api = ModelAPI("embeddings")
+    assert (api.max_batch_size, api.batch_timeout) == project_batching("embeddings")
+    assert api.api_path == WORKLOADS["embeddings"].route
+    api.run = _fake_run
+    _fake_run.calls = []
+    batch = [api.decode_request({"input": ["a", "abc"]}), api.decode_request({"input": "ab"})]
+    answers = [api.encode_response(out) for out in api.predict(batch)]
+    assert _fake_run.calls == [["a", "abc", "ab"]]
+    assert [[d["embedding"] for d in a["data"]] for a in answers] == [[[1.0], [3.0]], [[2.0]]]
+    with pytest.raises(HTTPException) as refused:
+        api.decode_request({"input": 3})
+    assert refused.value.status_code == 422
+
+
+def test_start_up_and_memory_are_reported_per_contender():
+    results = {"labels": {"mosec": "mosec"}, "startup_s": {"mosec/embeddings": 1.5},
+               "first_answer_s": {"mosec/embeddings": 6.2},
+               "memory": {"mosec/embeddings": {"after_first_answer": {"pss_mib": 300.0, "rss_mib": 500.0, "processes": 2},
+                                               "after_load": {"pss_mib": 320.0, "rss_mib": 520.0, "processes": 2}}}}
+    lines = report.startup_memory_lines(results)
+    assert lines[-1] == "| embeddings | mosec | 1.5 | 6.2 | 300 | 320 | 520 | 2 |"
+    assert report.startup_memory_lines({"labels": {}, "startup_s": {}}) == []
+
+
+def test_smoke_reads_both_answer_shapes_and_measures_cosine_per_vector():
+    import numpy as np
+
+    from bench.compare.smoke import cosines, vectors_of
+
+    openai = {"data": [{"index": 1, "embedding": [0.0, 2.0]}, {"index": 0, "embedding": [1.0, 0.0]}]}
+    assert vectors_of(openai).tolist() == [[1.0, 0.0], [0.0, 2.0]]  # by index, not by position
+    assert vectors_of([[1.0, 0.0]]).tolist() == [[1.0, 0.0]]  # BentoML's
+    expected = np.asarray([[1.0, 0.0], [0.0, 1.0]])
+    assert cosines(vectors_of(openai), expected) == pytest.approx([1.0, 1.0])
+    assert cosines(np.asarray([[1.0, 0.0], [1.0, 1.0]]), expected)[1] == pytest.approx(0.5 ** 0.5)
+    with pytest.raises(ValueError, match="expected"):
+        cosines(np.asarray([[1.0, 0.0]]), expected)

@@ -1,5 +1,8 @@
 """The response cache: the LRU + TTL itself (fake clock, no sleeps), its bounds and size
-estimate, and the service answering from it (fake model clients, FastAPI's TestClient)."""
+estimate, and the service answering from it (fake model clients, FastAPI's TestClient).
+
+Why this module is long: the cache's data structure and the service answering from it are tested together, sharing the fake clock and fake model clients.
+"""
 
 from __future__ import annotations
 

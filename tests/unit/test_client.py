@@ -68,11 +68,18 @@ def test_connection_errors_are_retried():
 
 
 def test_retry_after_is_honoured_and_capped():
-    policy = RetryPolicy(default_wait_s=1.5, max_retry_wait_s=5)
+    policy = RetryPolicy(default_wait_s=1.5, max_retry_wait_s=5, jitter=0.0)
     assert policy.wait_s(httpx.Response(503, headers={"Retry-After": "2"})) == 2
     assert policy.wait_s(httpx.Response(503, headers={"Retry-After": "120"})) == 5
     assert policy.wait_s(httpx.Response(503)) == 1.5
     assert policy.wait_s(None) == 1.5
+
+
+def test_waits_have_jitter_within_their_cap():
+    policy = RetryPolicy(max_retry_wait_s=5)  # jitter 0.2: 2 s becomes 2-2.4 s
+    waits = [policy.wait_s(httpx.Response(503, headers={"Retry-After": "2"})) for _ in range(200)]
+    assert all(2 <= w <= 2.4 for w in waits) and len(set(waits)) > 100
+    assert all(policy.wait_s(httpx.Response(503, headers={"Retry-After": "60"})) == 5 for _ in range(20))
 
 
 def test_ids_and_deadline_are_sent():
@@ -187,3 +194,78 @@ def test_async_jobs_are_awaitable_and_cancellable():
 
     result, deleted = asyncio.run(scenario())
     assert result == ["A", "B"] and deleted == ["job0"]
+
+
+def test_a_submission_carries_one_idempotency_key_across_its_retries_and_a_fresh_one_per_call():
+    server = FakeJobServer()
+    attempts = []
+
+    def flaky(request):
+        attempts.append(request)
+        if len(attempts) == 1:
+            raise httpx.ReadTimeout("the first attempt reached the service, its answer did not come back")
+        if len(attempts) == 2:
+            return overloaded("0")
+        return server(request)
+
+    with Client(transport=httpx.MockTransport(flaky), retry=FAST_POLL) as client:
+        first = client.submit_translation(["x"], source="en", target="pt")
+        second = client.submit_translation(["y"], source="en", target="pt")
+        assert first.result(timeout=10) == ["X"] and second.result(timeout=10) == ["Y"]
+    posts = [r for r in attempts if r.method == "POST"]
+    keys = [r.headers["Idempotency-Key"] for r in posts]
+    assert len(posts) == 4 and keys[0] == keys[1] == keys[2] != keys[3] and len(keys[0]) >= 32
+    # a submission's own timeout outlasts the service's 60 s deadline; other calls keep theirs
+    assert posts[0].extensions["timeout"]["read"] == 90.0
+    assert client.submit_timeout_s > 60
+
+
+def test_the_async_poller_waits_out_a_503_and_both_clients_read_every_page():
+    pages = {
+        "/jobs/job0": {"job_id": "job0", "status": "succeeded", "error": None,
+                       "result": {"result": [{"id": "0", "text": "A"}]},
+                       "page": {"offset": 0, "limit": 1, "records": 1, "next": "/jobs/job0?offset=1&limit=1"}},
+        "/jobs/job0?offset=1&limit=1": {"job_id": "job0", "status": "succeeded", "error": None,
+                                        "result": {"result": [{"id": "1", "text": "B"}]},
+                                        "page": {"offset": 1, "limit": 1, "records": 1, "next": None}},
+    }
+    gets = []
+
+    def handler(request):
+        if request.method == "POST":
+            return httpx.Response(202, json={"job_id": "job0", "status": "queued"})
+        gets.append(request)
+        if len(gets) == 1:
+            return overloaded("0")  # the JobManager restarting: 503, then the job again
+        path = request.url.raw_path.decode()
+        return httpx.Response(200, json=pages[path])
+
+    async def scenario():
+        async with AsyncClient(transport=httpx.MockTransport(handler), retry=FAST_POLL) as client:
+            return await (await client.submit_translation(["a", "b"], source="en", target="pt"))
+
+    assert asyncio.run(scenario()) == ["A", "B"]
+    gets.clear()
+    gets.append(None)  # no 503 this time
+    with Client(transport=httpx.MockTransport(handler), retry=FAST_POLL) as client:
+        assert client.submit_translation(["a", "b"], source="en", target="pt").result(timeout=10) == ["A", "B"]
+
+
+def test_a_call_stops_retrying_before_its_deadline():
+    handler, calls = scripted(overloaded("5"), overloaded("5"), translation_ok)
+    policy = RetryPolicy(max_retries=5, max_retry_wait_s=10, jitter=0.0, deadline_s=2.0)
+    with Client(transport=httpx.MockTransport(handler), retry=policy) as client:
+        with pytest.raises(ServeAppHTTPError) as err:
+            client.translate(["x"], source="en", target="pt")
+    # the first wait (Retry-After 5 s) would end past the 2 s deadline: one attempt, its 503 raised
+    assert len(calls) == 1 and err.value.status_code == 503
+
+
+def test_each_attempt_gets_at_most_what_remains_of_the_deadline():
+    import time
+
+    policy = RetryPolicy(deadline_s=10.0)
+    started = time.monotonic() - 7.5
+    assert 2.0 <= policy.attempt_timeout(60.0, started) <= 2.5
+    assert policy.attempt_timeout(1.0, started) == 1.0
+    assert RetryPolicy(deadline_s=None).attempt_timeout(60.0, started) == 60.0

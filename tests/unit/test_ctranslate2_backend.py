@@ -20,7 +20,7 @@ from deployments.backends.ctranslate2_backend import (  # noqa: E402
     converted_model_dir,
     resolve_compute_type,
 )
-from serve_app.settings import TranslationSettings  # noqa: E402
+from deployments.settings import TranslationSettings  # noqa: E402
 
 from .conftest import TEST_MAX_NEW_TOKENS  # noqa: E402
 from .test_transformers_backend import FAMILIES, TEXTS  # noqa: E402

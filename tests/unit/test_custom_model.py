@@ -1,6 +1,9 @@
 """Bring your own model, without Ray: the module checks at configuration time, the
 CustomModel deployment class driven directly with its batch queue, the HTTP route over
-fake clients, and the worked example (examples/iris_classifier.py) itself."""
+fake clients, and the worked example (examples/iris_classifier.py) itself.
+
+Why this module is long: the bring-your-own-model contract end to end (config checks, deployment class, HTTP route, the worked example) over shared fixtures.
+"""
 
 from __future__ import annotations
 
@@ -15,14 +18,16 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import BaseModel, ValidationError
 
-from deployments._replica import FAILURES_BEFORE_UNHEALTHY
-from deployments.custom_model import CustomModel, ModelContractError
+from deployments.custom_model import CustomModel
+from deployments.errors import ModelContractError
+from deployments.health import FAILURES_BEFORE_UNHEALTHY
+from deployments.model_module import deployment_name, import_model_module
+from deployments.settings import CustomModelSpec
 from examples import iris_classifier as iris
 from serve_app.api import app, set_service
 from serve_app.config_check import check_config, load_config
-from serve_app.custom_models import deployment_name, import_model_module
 from serve_app.service import Service
-from serve_app.settings import CustomModelSpec, load_settings
+from serve_app.settings import load_settings
 from tests.support import SETOSA, VIRGINICA
 
 from .fakes import FakeEmbedder, FakeTranslator

@@ -6,11 +6,12 @@ import asyncio
 
 import pytest
 
-from deployments._replica import FAILURES_BEFORE_UNHEALTHY, threads_for_share
 from deployments.batching import Chunk
 from deployments.embedder import Embedder
+from deployments.health import FAILURES_BEFORE_UNHEALTHY
+from deployments.replica import threads_for_share
+from deployments.settings import EmbeddingSettings, TranslationSettings
 from deployments.translator import Translator
-from serve_app.settings import EmbeddingSettings, TranslationSettings
 
 TranslatorClass = Translator.func_or_class
 EmbedderClass = Embedder.func_or_class
@@ -123,6 +124,16 @@ def test_check_health_fails_after_repeated_model_failures(translator, loop):
     replica.check_health()
 
 
+def test_a_replica_past_its_graceful_shutdown_fails_its_health_check(translator):
+    """Serve runs the destructor at the end of a graceful shutdown; a controller that restarted before
+    killing the replica adopts it as RUNNING while it refuses every request: the health check says so."""
+    replica, _ = translator
+    replica.check_health()
+    replica.__del__()
+    with pytest.raises(RuntimeError, match="finished its graceful shutdown"):
+        replica.check_health()
+
+
 def test_embedder_batches_requests_and_slices_results_back(loop):
     replica = EmbedderClass(EmbeddingSettings(num_threads=1).model_dump())
     replica.reconfigure({"max_batch_size": 16, "batch_wait_timeout_s": 0.05})
@@ -137,3 +148,63 @@ def test_embedder_batches_requests_and_slices_results_back(loop):
     solo, _, _ = loop.run_until_complete(replica.embed(["third one here"]))
     assert float(solo[0] @ results[1][0][1]) >= 0.9999
     assert replica.info()["dimensions"] == 384
+
+
+class _CountingMetrics:
+    def __init__(self):
+        self.cancelled = 0
+
+    def count_enqueued(self, records):
+        pass
+
+    def count_cancelled(self, records):
+        self.cancelled += records
+
+    def observe_queue_wait(self, seconds):
+        pass
+
+
+def _tracked(intake):
+    from types import SimpleNamespace
+
+    from deployments.priority import InteractiveGate
+    from deployments.replica import _TrackedBatchMethod
+
+    replica = SimpleNamespace(_stats={"enqueued": 0, "cancelled": 0}, metrics=_CountingMetrics(),
+                              interactive=InteractiveGate())
+    return _TrackedBatchMethod(replica, intake), replica
+
+
+@pytest.mark.parametrize("batched_before_cancel", [False, True])
+def test_a_call_cancelled_in_the_intake_is_dropped_from_the_model_queue_and_counted_once(batched_before_cancel):
+    """The race behind a chaos flake: Serve's batch handed the call to the model queue, and the caller
+    was cancelled before it resumed. The model-queue entry must be dropped (not computed) and the
+    records counted dropped once; before, they were counted dropped and then computed as well."""
+    from concurrent.futures import Future
+
+    async def scenario():
+        handed_over, model_entry = asyncio.Event(), Future()
+
+        async def intake(item):
+            await handed_over.wait()
+            return model_entry
+
+        method, replica = _tracked(intake)
+        call = asyncio.ensure_future(method(["a", "b", "c"]))
+        await asyncio.sleep(0)  # the call waits in the intake
+        if batched_before_cancel:
+            handed_over.set()  # the batch ran; the caller has not resumed yet
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        handed_over.set()
+        for _ in range(5):
+            await asyncio.sleep(0)
+        return model_entry, replica
+
+    model_entry, replica = asyncio.run(scenario())
+    # The model thread skips a cancelled entry (set_running_or_notify_cancel is False). Without the
+    # race the intake finishes its batch too, and the entry is dropped the same way.
+    assert model_entry.cancelled()
+    assert replica._stats["cancelled"] == replica.metrics.cancelled == 3
+    assert replica.interactive.calls == 0

@@ -85,7 +85,7 @@ class WordBackend(RecordingBackend):
 @pytest.fixture
 def word_translator(monkeypatch):
     from deployments.translator import Translator
-    from serve_app.settings import TranslationSettings
+    from deployments.settings import TranslationSettings
 
     backend = WordBackend()
     monkeypatch.setattr("deployments.translator.load_translation_backend", lambda settings, threads: backend)

@@ -12,10 +12,11 @@ import pytest
 
 from serve_app.api import app, set_service
 from serve_app.builder import build_app
-from serve_app.clients import LocalClient, ViaIngressClient
 from serve_app.config_check import check_config
 from serve_app.errors import InternalError, ServeAppError
-from serve_app.ingress import PlacedModels, build_service
+from serve_app.ingress import build_service
+from serve_app.model_clients import LocalClient, ViaIngressClient
+from serve_app.placement import PlacedModels
 from serve_app.settings import AppSettings
 from tests.support import SETOSA, VIRGINICA
 

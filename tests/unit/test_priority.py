@@ -7,10 +7,11 @@ from collections import deque
 
 import pytest
 
-from deployments._replica import ModelQueue, Priority, _Entry
 from deployments.batching import Chunk
+from deployments.model_queue import ModelQueue, _Entry
+from deployments.priority import Priority
+from deployments.settings import TranslationSettings
 from deployments.translator import Translator
-from serve_app.settings import TranslationSettings
 
 
 def _run(fn):
@@ -188,7 +189,7 @@ def test_job_batches_wait_while_interactive_calls_are_queued(gated_translator):
         # `second` waits in the model queue behind `first` (one batch computes at a time)
         second = asyncio.ensure_future(replica.translate(Chunk("en", "pt", ["second"])))
         await _until(lambda: replica._model_thread.waiting() == {Priority.INTERACTIVE: 1})
-        assert replica._interactive_calls == 2
+        assert replica.interactive.calls == 2
         assert replica._stats["enqueued"] == 3  # the job entered the replica but is held back
         backend.gate.set()
         return await asyncio.gather(first, job, second)

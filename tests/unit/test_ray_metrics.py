@@ -1,6 +1,6 @@
-"""bench/ray_metrics.py: the batch figures a bench cell reads from Ray's metrics endpoint (no Ray)."""
+"""tests/ray_metrics.py: the batch figures a bench cell reads from Ray's metrics endpoint (no Ray)."""
 
-from bench import ray_metrics
+from tests import ray_metrics
 
 EXPOSITION = """\
 # HELP ray_serve_app_batch_records Records in one model call.

@@ -1,21 +1,25 @@
 """Reliability and security behaviour of the ingress without Ray: API keys, CORS, deadlines,
-input cleaning, access log and metrics tallies, replica-death retries, failed deployments."""
+input cleaning, access log and metrics tallies, replica-death retries, failed deployments.
+
+Why this module is long: one short test per reliability rule of the ingress, all over the same fake model clients and app fixture.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+from types import SimpleNamespace
 
 import pytest
 from fastapi.testclient import TestClient
 
 from serve_app import api
 from serve_app.api import app, set_service
-from serve_app.clients import HandleClient
 from serve_app.errors import ModelUnavailable
 from serve_app.middleware import key_matches, presented_key
-from serve_app.service import summarise_failure
+from serve_app.model_clients import HandleClient
+from serve_app.readiness import summarise_failure
 from serve_app.settings import load_settings
 
 from .fakes import FakeEmbedder, FakeTranslator, install
@@ -264,6 +268,161 @@ def test_retry_waits_bounded_time_then_503():
     with pytest.raises(ModelUnavailable):
         asyncio.run(client.call("translate", "x"))
     assert handle.sent[1].cancelled and client.retries_failed == 1
+
+
+def test_a_replica_failure_bounds_the_calls_still_waiting():
+    """Serve re-routes calls from a lost node by itself; once any call through the client sees a replica
+    fail, a call still waiting gets retry_timeout_s more, then 503 + Retry-After (tests/cluster)."""
+    import time
+
+    handle = _Handle([30.0, _died(), "retried"])
+    client = HandleClient("Translator", handle, retry_after_s=2, retry_timeout_s=0.2)
+
+    async def both():
+        held = asyncio.create_task(client.call("translate", "held"))
+        await asyncio.sleep(0.05)
+        failing = asyncio.create_task(client.call("translate", "failing"))
+        started = time.monotonic()
+        results = await asyncio.gather(held, failing, return_exceptions=True)
+        return results, time.monotonic() - started
+
+    (held, failing), seconds = asyncio.run(both())
+    assert isinstance(held, ModelUnavailable) and held.retry_after_s == 2
+    assert failing == "retried"
+    assert handle.sent[0].cancelled and client.cut_after_replica_failure == 1
+    assert seconds < 5  # not the 30 s the held call would have taken
+
+
+def test_slow_calls_are_not_cut_without_a_replica_failure():
+    client = HandleClient("Translator", _Handle([0.3]), retry_timeout_s=0.05)
+    assert asyncio.run(client.call("translate", "x")) == "late"
+    assert client.cut_after_replica_failure == 0
+
+
+def test_a_call_given_up_leaves_no_unretrieved_error_behind():
+    """Serve ends a cancelled call with RequestCancelledError; the client retrieves it, so asyncio
+    logs no "Task exception was never retrieved" for every disconnected request."""
+    import gc
+
+    from ray.serve.exceptions import RequestCancelledError
+
+    class EndsInError(_Response):
+        async def _run(self):
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                raise RequestCancelledError("r1") from None
+
+    class Handle(_Handle):
+        def remote(self, *args):
+            self.sent.append(EndsInError(None))
+            return self.sent[-1]
+
+    unretrieved = []
+
+    async def disconnect():
+        asyncio.get_running_loop().set_exception_handler(lambda loop, context: unretrieved.append(context))
+        call = asyncio.create_task(HandleClient("Translator", Handle([])).call("translate", "x"))
+        await asyncio.sleep(0.05)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        await asyncio.sleep(0.05)
+        gc.collect()  # an unretrieved task error is reported when the task is collected
+        await asyncio.sleep(0)
+
+    asyncio.run(disconnect())
+    assert not unretrieved
+
+
+class _RealResponses:
+    """Serve's own DeploymentResponse (no Ray started): its `_replica_result_future` is what the router
+    resolves once a replica accepts the call (HandleClient bounds that wait)."""
+
+    def __init__(self, accept_after_s=None, compute_s=0.0, replicas=None):
+        self.accept_after_s, self.compute_s = accept_after_s, compute_s
+        self.sent = []
+        if replicas is not None:  # the router's state as serve_app/_router_state.py reads it
+            self.known = {f"replica-{i}": object() for i in range(replicas)}
+            request_router = SimpleNamespace(curr_replicas=self.known)
+            self._router = SimpleNamespace(_asyncio_router=SimpleNamespace(_request_router=request_router))
+
+    def options(self, method_name):
+        return self
+
+    def remote(self, *args):
+        import concurrent.futures
+        import threading
+
+        from ray.serve._private.common import RequestMetadata
+        from ray.serve.handle import DeploymentResponse
+
+        taken = concurrent.futures.Future()
+        compute_s = self.compute_s
+
+        class Result:  # what a replica hands back once it accepted the call
+            async def get_async(self):
+                await asyncio.sleep(compute_s)
+                return "answer"
+
+            def cancel(self):
+                pass
+
+        if self.accept_after_s is not None:
+            threading.Timer(self.accept_after_s, lambda: taken.set_result(Result())).start()
+        response = DeploymentResponse(taken, RequestMetadata(request_id="r", internal_request_id="i"))
+        self.sent.append(response)
+        return response
+
+
+def test_a_call_no_replica_takes_is_503_with_retry_after_not_a_hang():
+    """After a head restart in the middle of a downscale, every replica of the Embedder was stopping
+    and calls waited in Serve's router for a new one until clients gave up (tests/cluster)."""
+    import time
+
+    handle = _RealResponses(accept_after_s=None)
+    client = HandleClient("Embedder", handle, retry_after_s=2, retry_timeout_s=0.2)
+    started = time.monotonic()
+    with pytest.raises(ModelUnavailable) as info:
+        asyncio.run(client.call("embed", ["x"]))
+    assert info.value.retry_after_s == 2 and info.value.status_code == 503
+    assert time.monotonic() - started < 2
+    assert handle.sent[0].cancelled() and client.cut_waiting_for_replica == 1
+
+
+def test_a_call_taken_late_or_computing_long_is_not_cut():
+    handle = _RealResponses(accept_after_s=0.1, compute_s=0.4)
+    client = HandleClient("Embedder", handle, retry_timeout_s=0.25)
+    assert asyncio.run(client.call("embed", ["x"])) == "answer"
+    assert client.cut_waiting_for_replica == 0 and client.cut_after_replica_failure == 0
+
+
+def test_a_call_waits_for_a_replica_while_the_router_knows_some():
+    """A rolling update on two starved cores held calls 5 s before one of 4 known Embedders took
+    them (tests/cluster); they are answered, not cut at retry_timeout_s."""
+    handle = _RealResponses(accept_after_s=0.7, replicas=4)
+    client = HandleClient("Embedder", handle, retry_timeout_s=0.2)
+    assert asyncio.run(client.call("embed", ["x"])) == "answer"
+    assert client.cut_waiting_for_replica == 0
+
+
+def test_a_waiting_call_is_cut_once_the_router_knows_no_replica():
+    import time
+
+    handle = _RealResponses(accept_after_s=None, replicas=2)
+    client = HandleClient("Embedder", handle, retry_after_s=2, retry_timeout_s=0.2)
+
+    async def replicas_stopped_after(seconds):
+        call = asyncio.create_task(client.call("embed", ["x"]))
+        await asyncio.sleep(seconds)
+        handle.known.clear()  # the controller's update: none running
+        started = time.monotonic()
+        with pytest.raises(ModelUnavailable):
+            await call
+        return time.monotonic() - started
+
+    assert asyncio.run(replicas_stopped_after(0.5)) < 0.5  # at the next check, retry_timeout_s at most
+    assert client.cut_waiting_for_replica == 1 and handle.sent[0].cancelled()
 
 
 def test_actor_unavailable_is_retried_too():

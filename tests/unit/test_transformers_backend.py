@@ -3,6 +3,8 @@
 The models are random, so the translations are gibberish; what is checked is
 the plumbing: loading, language tokens, batching/padding, ordering, lengths,
 errors.
+
+Why this module is long: one short test per behaviour of the transformers backend, over the same tiny models built once per session.
 """
 
 from __future__ import annotations
@@ -14,14 +16,9 @@ import pytest
 import torch
 
 from deployments.backends.base import BackendError, LanguagePair, ModelLoadError
-from deployments.backends.transformers_backend import (
-    ISO_TO_FLORES,
-    TransformersBackend,
-    pair_from_model_name,
-    parse_language_pair,
-    resolve_device,
-    resolve_dtype,
-)
+from deployments.backends.hf_loading import resolve_device, resolve_dtype
+from deployments.backends.languages import ISO_TO_FLORES, pair_from_model_name, parse_language_pair
+from deployments.backends.transformers_backend import TransformersBackend
 
 from .conftest import TEST_MAX_NEW_TOKENS
 

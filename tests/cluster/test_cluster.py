@@ -1,0 +1,286 @@
+"""The RayService on a multi-node Ray cluster, as KubeRay runs it, changed under load.
+
+One cluster (conftest.py) serves these tests in this order: each measures what clients see and
+leaves the cluster at full strength for the next. The pod is lost first, while the application runs
+at its minimum (after the ramp, the autoscaled replicas would not fit on the surviving pods until
+they scale down; on Kubernetes the Ray autoscaler would add a pod for them).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+import uuid
+
+import pytest
+
+from tests.support import wait_for
+
+from .helpers import (NODE_START_BOUND_S, Recovery, at_full_strength, controller_recovery, deployments, finished_job,
+                      job_payload, minimum_replicas, ready, replica_ids, replica_states, running_by_node, running_counts,
+                      stopping, submit_job, worker_ips, worst_pod_to_lose)
+from .traffic import (PATIENT_TIMEOUT_S, Load, ServiceEndpoints, cut_in_flight, describe_failed, failures_after_loss,
+                      summarize)
+
+pytestmark = pytest.mark.cluster
+
+#: The issue's bounds: back at full strength within 60 s of losing a pod.
+RECOVERY_BOUND_S = 60
+#: No bound in the issue for a rejoined pod taking replicas again; this one only stops a run that hangs.
+REJOIN_BOUND_S = 300
+
+
+@pytest.fixture
+def endpoints(cluster):
+    service = ServiceEndpoints(lambda: [cluster.serve_url(w) for w in cluster.workers]).start()
+    yield service
+    service.stop()
+
+
+def test_every_worker_proxy_answers_and_the_head_holds_no_replica(cluster, endpoints, figures):
+    assert sorted(endpoints.ready()) == sorted(cluster.serve_url(w) for w in cluster.workers)
+    by_node = running_by_node(cluster)
+    head = cluster.head.address
+    assert all(head not in nodes for nodes in by_node.values()), f"a replica runs on the head: {by_node}"
+    # No single point of failure: two Ingress replicas on two pods, models spread over pods.
+    for name in ("Ingress", "Translator", "Embedder"):
+        assert len(by_node[name]) >= 2, f"{name} is not spread over two pods: {dict(by_node[name])}"
+    with Load(endpoints, cluster.api_key, clients=4) as load:
+        load.wait_answers(20, 60)
+    hit = {a.endpoint for r in load.requests for a in r.attempts if a.status == 200}
+    assert hit == set(endpoints.ready())
+    figures["cluster_replicas_at_start"] = {k: dict(v) for k, v in by_node.items()}
+
+
+def test_a_worker_lost_under_load_then_rejoining(cluster, endpoints, figures):
+    ready(cluster)
+    by_node = running_by_node(cluster)
+    victim = worst_pod_to_lose(cluster.workers, by_node)
+    lost_url = cluster.serve_url(victim)
+    held = {name: nodes[victim.address] for name, nodes in by_node.items() if nodes[victim.address]}
+    # A job in flight across the loss: its state is in Redis, so it survives its JobManager's pod.
+    job_records = 300
+    job_id = submit_job(endpoints.ready(), cluster.api_key, job_payload(job_records, "lost-pod"), key=uuid.uuid4().hex)
+    with Load(endpoints, cluster.api_key, clients=16) as load:
+        load.wait_answers(30, 60)
+        before = running_counts(cluster)
+        killed_at = time.monotonic()
+        processes = cluster.kill_node(victim)
+        # Back at full strength: the lost replicas replaced on the survivors (what the autoscaler adds
+        # for the load meanwhile may not fit on two pods; a Kubernetes cluster would add a pod for it).
+        recovery = Recovery(cluster, before, victim.address, killed_at)
+        recovered_s = wait_for(recovery, RECOVERY_BOUND_S + 60, "the lost replicas replaced on the surviving pods", 0.5)
+        load.wait_answers(30, 60)  # and keeps answering at full strength
+        requests = load.since(killed_at - 10)
+    summary = summarize(requests)
+    in_flight_until = killed_at + 1.0
+    not_ok, bad_on_survivors = failures_after_loss(requests, lost_url, in_flight_until)
+    on_lost = [r for r in requests if r.attempts[0].endpoint == lost_url and r.attempts[0].status is None]
+    figures["cluster_worker_lost"] = {
+        "victim_held": held, "processes_killed": processes, "recovered_s": round(recovered_s, 1),
+        "replaced_after_s": {name: s for name, s in recovery.back_after_s.items() if name in held},
+        "connections_broken_on_lost_pod_and_resent": len(on_lost),
+        "in_flight_responses_cut_through_a_surviving_pod_and_resent": cut_in_flight(requests, lost_url,
+                                                                                       in_flight_until),
+        **summary}
+    assert not not_ok, (f"requests not answered with 200 / 503+Retry-After: {summary}; "
+                        f"{describe_failed(not_ok, killed_at, lost_url)}")
+    assert not bad_on_survivors, f"attempts on surviving pods failed: {bad_on_survivors[:5]}"
+    assert summary["slowest_s"] <= 10.0
+    assert recovered_s <= RECOVERY_BOUND_S, f"full strength after {recovered_s:.0f} s"
+    job = finished_job(endpoints.ready, cluster.api_key, job_id, 240)
+    result = (job.get("result") or {}).get("result") or []
+    figures["cluster_job_across_the_loss"] = {
+        "records": job_records, "job_manager_on_lost_pod": bool(held.get("JobManager")), "status": job["status"],
+        "records_in_result": len(result), "finished_after_loss_s": round(time.monotonic() - killed_at, 1)}
+    assert job["status"] == "succeeded", job.get("error")
+    assert [r["id"] for r in result] == [f"lost-pod-{i}" for i in range(job_records)] and all(r["text"] for r in result)
+
+    # The pod comes back (same address, as a replaced pod of the group) and takes replicas again.
+    cluster.start_node(victim)
+    started_at = time.monotonic()
+    cluster.wait_nodes(len(cluster.nodes), NODE_START_BOUND_S)
+    rejoined_at = time.monotonic()
+    with Load(endpoints, cluster.api_key, clients=48, timeout_s=PATIENT_TIMEOUT_S) as load:
+        # The autoscaler adding replicas (~25 s), Ray starting a worker on the fresh pod (~30 s on two shared
+        # cores under 48 clients), the constructor: 67-109 s here, once over 180 s in CI.
+        try:
+            wait_for(lambda: any(nodes[victim.address] for nodes in running_by_node(cluster).values()),
+                     REJOIN_BOUND_S, "a replica on the rejoined pod", 1.0)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; replicas (state, node): {replica_states(cluster)}") from None
+        requests = load.since(rejoined_at)
+    figures["cluster_worker_rejoined"] = {
+        "node_alive_after_s": round(rejoined_at - started_at, 1),
+        "ray_starts_that_failed": victim.failed_starts,
+        "first_replica_after_s": round(time.monotonic() - rejoined_at, 1),
+        "replicas_on_it": {k: v[victim.address] for k, v in running_by_node(cluster).items() if v[victim.address]},
+        **summarize(requests)}
+    assert not [r for r in requests if not r.ok]
+
+
+def _updated(config: dict, change) -> dict:
+    new = copy.deepcopy(config)
+    change(new["applications"][0])
+    return new
+
+
+def _deployment(app: dict, name: str) -> dict:
+    return next(d for d in app["deployments"] if d["name"] == name)
+
+
+def _batch_size(cluster):
+    try:
+        return deployments(cluster)["Translator"]["deployment_config"]["user_config"]["max_batch_size"]
+    except Exception:  # noqa: BLE001 - mid-update: not yet
+        return None
+
+
+def test_in_place_updates_under_load_fail_no_request(cluster, endpoints, figures):
+    ready(cluster)
+    config = cluster.spec.serve_config
+    batch = _updated(config, lambda app: _deployment(app, "Translator")["user_config"].update(max_batch_size=16))
+    args = _updated(batch, lambda app: app["args"]["ingress"].update(max_text_chars=4999))
+    ingress_before = replica_ids(cluster)["Ingress"]
+    with Load(endpoints, cluster.api_key, clients=16, timeout_s=PATIENT_TIMEOUT_S) as load:
+        load.wait_answers(30, 60)
+        t0 = time.monotonic()
+        cluster.submit_serve(batch)
+        wait_for(lambda: _batch_size(cluster) == 16 and at_full_strength(cluster), 120, "the Translator's new user_config, RUNNING", 1.0)
+        user_config_s = time.monotonic() - t0
+        t1 = time.monotonic()
+        cluster.submit_serve(args)
+        wait_for(lambda: at_full_strength(cluster) and cluster.applications_running()
+                 and not (replica_ids(cluster)["Ingress"] & ingress_before), 300, "every Ingress replaced, the app RUNNING", 1.0)
+        args_s = time.monotonic() - t1
+        load.wait_answers(30, 60)
+        requests = load.since(t0)
+    summary = summarize(requests)
+    figures["cluster_updates"] = {"user_config_applied_s": round(user_config_s, 1),
+                                  "args_rolled_s": round(args_s, 1), **summary}
+    failed = [r for r in requests if r.final.status != 200]
+    assert not failed, f"{len(failed)} requests failed during the updates: {summary}"
+    cluster.submit_serve(config)  # back to the manifest's config for the next test
+    wait_for(lambda: at_full_strength(cluster) and cluster.applications_running(), 300, "the manifest's config", 1.0)
+
+
+def _at_minimum(cluster) -> bool:
+    deps = deployments(cluster)
+    return all(deps[n]["target_num_replicas"] <= 2 for n in ("Translator", "Embedder")) and at_full_strength(cluster)
+
+
+def test_a_ramp_scales_replicas_across_nodes(cluster, endpoints, figures, tmp_path):
+    # From the application's minimum (earlier tests' load scaled it up; downscale_delay_s is 60 s).
+    ready(cluster)
+    wait_for(lambda: _at_minimum(cluster), 240, "Translator and Embedder back at 2 replicas", 2.0)
+    before = running_by_node(cluster)
+    timeline: list[dict] = []
+    start = time.monotonic()
+    with Load(endpoints, cluster.api_key, clients=8, timeout_s=PATIENT_TIMEOUT_S) as load:
+        def sample():
+            now = running_by_node(cluster)
+            timeline.append({"t": round(time.monotonic() - start, 1),
+                             "replicas": {k: dict(v) for k, v in now.items()}, "clients": load.clients})
+            return now
+
+        def ingress_everywhere_and_spread():
+            now = sample()  # the plot ends on the state that ended the wait
+            grown = {n for n in ("Translator", "Embedder") if sum(now[n].values()) > sum(before[n].values())}
+            return (set(now["Ingress"]) == set(worker_ips(cluster)) and grown
+                    and all(len(now[n]) >= 2 for n in grown))
+
+        try:
+            for clients in (16, 32, 48):  # the ramp: +16 clients every 10 s
+                load.set_clients(clients)
+                deadline = time.monotonic() + 10
+                while time.monotonic() < deadline:
+                    sample()
+                    time.sleep(1)
+            wait_for(ingress_everywhere_and_spread, 150, "an Ingress on every worker and grown models spread", 1.0)
+        finally:
+            _save_timeline(timeline, cluster)
+            print({name: (d["status"], d["target_num_replicas"], [(r.get("node_ip"), r["state"]) for r in d["replicas"]])
+                   for name, d in deployments(cluster).items()})
+        ramp_requests = list(load.requests)
+    after = running_by_node(cluster)
+    summary = summarize(ramp_requests)
+    figures["cluster_ramp"] = {"replicas_before": {k: dict(v) for k, v in before.items()},
+                               "replicas_after": {k: dict(v) for k, v in after.items()},
+                               "seconds": round(time.monotonic() - start, 1), **summary}
+    # Replicas the autoscaler added went to more than one pod. Replacements of a lost pod's replicas are
+    # placed by Ray's best-effort SPREAD and were seen packed on one pod (docs/deploy.md): recorded,
+    # and asserted only where max_replicas_per_node makes it a rule (Ingress, Model.iris).
+    figures["cluster_ramp"]["packed_on_one_pod"] = sorted(
+        name for name, nodes in after.items() if sum(nodes.values()) >= 2 and len(nodes) < 2)
+    for name in ("Ingress", "Model.iris"):
+        assert all(count == 1 for count in after[name].values()), f"{name}: {dict(after[name])}"
+    grown = [n for n in ("Translator", "Embedder") if sum(after[n].values()) > sum(before[n].values())]
+    assert grown and all(len(after[n]) >= 2 for n in grown), {n: dict(after[n]) for n in grown}
+    not_ok, _ = failures_after_loss(ramp_requests)
+    assert not not_ok, f"{len(not_ok)} requests failed during the ramp: {summary}"
+
+
+def _save_timeline(timeline: list[dict], cluster) -> None:
+    from .plots import plot_replicas_per_node
+
+    out = cluster_figures_dir()
+    (out / "scaling.json").write_text(json.dumps(timeline, indent=1))
+    plot_replicas_per_node(timeline, worker_ips(cluster), out / "scaling.png")
+
+
+def cluster_figures_dir():
+    from .conftest import FIGURES
+
+    FIGURES.parent.mkdir(parents=True, exist_ok=True)
+    return FIGURES.parent
+
+
+def test_the_head_restarted_with_gcs_fault_tolerance(cluster, endpoints, figures):
+    """The head lost in the middle of a downscale, as CI once hit by chance: the ramp before left replicas
+    above the minimum, and the head dies while the autoscaler stops some. Serve's recovering controller
+    then stops as many again, not knowing which were draining; the cluster profile's downscaling_factor
+    keeps a replica of every deployment running through it, and a call no replica takes is 503, never a
+    hang (CLUSTER_DOWNSCALING_FACTOR in deploy/serve_profiles.py, HandleClient in serve_app/model_clients.py)."""
+    assert cluster.spec.gcs_ft is not None, "the RayService must set gcsFaultToleranceOptions"
+    ready(cluster)
+    before_ids = replica_ids(cluster)
+    before_config = {name: d["deployment_config"] for name, d in deployments(cluster).items()}
+    above_minimum = {name: len(ids) for name, ids in before_ids.items()
+                     if len(ids) > minimum_replicas(before_config[name])}
+    with Load(endpoints, cluster.api_key, clients=8) as load:
+        load.wait_answers(20, 60)
+        if above_minimum:  # the ramp's replicas: the autoscaler stops some once its downscale_delay_s passed
+            wait_for(lambda: stopping(cluster), 240, f"a downscale of {above_minimum} to begin", 0.5)
+        stopping_at_kill = stopping(cluster) if above_minimum else {}
+        down_at = time.monotonic()
+        cluster.kill_node(cluster.head)
+        # The head is away for a while, as a pod being rescheduled: the workers keep answering.
+        load.wait_answers(40, 60, started_from=down_at)
+        outage = load.since(down_at)
+        cluster.start_node(cluster.head)
+        cluster.wait_nodes(len(cluster.nodes), NODE_START_BOUND_S)  # started again if its start fails
+        back_s = wait_for(lambda: cluster.applications_running() and time.monotonic() - down_at, 180,
+                          "the Serve application RUNNING on the restarted head", 1.0)
+        load.wait_answers(20, 60)
+        requests = load.since(down_at)
+    after_ids = replica_ids(cluster)
+    after_config = {name: d["deployment_config"] for name, d in deployments(cluster).items()}
+    outage_summary = summarize(outage)
+    figures["cluster_head_restart"] = {
+        "above_minimum_before": above_minimum, "stopping_at_kill": stopping_at_kill,
+        "restarted_controller": controller_recovery(cluster),
+        "answered_during_outage": outage_summary["statuses"].get("200", 0),
+        "head_back_and_serve_running_s": round(back_s, 1), "outage": outage_summary,
+        "whole": summarize(requests),
+        "replicas_kept": {k: len(before_ids[k] & after_ids.get(k, set())) for k in before_ids}}
+    print(figures["cluster_head_restart"])
+    assert not [r for r in requests if not r.ok], summarize(requests)
+    assert outage_summary["statuses"].get("200", 0) >= 40
+    assert after_config == before_config
+    for name in ("Ingress", "Translator", "Embedder"):
+        # GCS fault tolerance keeps the workers' replicas: some of each survive, even mid-downscale. In CI
+        # without downscaling_factor the Embedder went from 6 to 2 as the head died, the recovering
+        # controller stopped the 2 kept (of the 6 it found live), and every Embedder after was new.
+        before, after = before_ids[name], after_ids[name]
+        assert before & after, f"{name}'s replicas were all replaced: {sorted(before)} -> {sorted(after)}"

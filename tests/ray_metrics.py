@@ -1,0 +1,106 @@
+"""Ray's Prometheus endpoint as the tests read it: metrics parsed, summed, and the batches a model
+computed between two readings (it served the batch-join probe too, bench/batch_join.py, now in git only).
+
+The replicas' `serve_app_batch_records` / `serve_app_model_seconds` histograms (labelled by
+`model`: the deployment, or the model placed in the Ingress) say how many batches ran, of how many
+records, for how long. Ray's agent exports them with a delay (replicas report every few seconds),
+so `batches_between` takes each of its two readings once the counts have stopped moving for longer
+than that delay.
+"""
+
+from __future__ import annotations
+
+import glob
+import time
+import urllib.request
+from pathlib import Path
+from typing import Callable, Optional
+
+
+def metrics_url(launcher_pid: int, timeout_s: float = 30.0) -> Optional[str]:
+    """Ray's metrics endpoint of the cluster the launcher `launcher_pid` started (its session folder is
+    named after that pid), or None if it has none after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for folder in glob.glob(f"/tmp/ray/session_*_{launcher_pid}"):
+            for port_file in glob.glob(str(Path(folder) / "metrics_export_port_*")):
+                port = Path(port_file).read_text().strip()
+                if port:
+                    return f"http://127.0.0.1:{port}/metrics"
+        time.sleep(0.5)
+    return None
+
+
+def parse(text: str) -> dict[tuple[str, tuple], float]:
+    """Prometheus text -> {(name, sorted labels): value}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return samples
+
+
+def scrape(url: str) -> dict[tuple[str, tuple], float]:
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return parse(resp.read().decode())
+
+
+def total(samples: dict, name: str, **labels: str) -> float:
+    """Sum of a metric's samples whose labels include `labels` (Ray may prefix names with `ray_`)."""
+    out = 0.0
+    for (sample_name, sample_labels), value in samples.items():
+        if sample_name in (name, f"ray_{name}") and all(dict(sample_labels).get(k) == v for k, v in labels.items()):
+            out += value
+    return out
+
+
+def batch_figures(before: dict, after: dict, model: str) -> dict:
+    """What `model` computed between two readings: batches, records per batch, model seconds per
+    batch and records per model second (the model's own rate, waits and Serve excluded)."""
+    def delta(name: str) -> float:
+        return total(after, name, model=model) - total(before, name, model=model)
+
+    batches = delta("serve_app_batch_records_count")
+    records = delta("serve_app_batch_records_sum")
+    seconds = delta("serve_app_model_seconds_sum")
+    if batches <= 0:
+        return {"batches": 0}
+    return {"batches": int(batches), "records": int(records),
+            "records_per_batch": round(records / batches, 1),
+            "model_s_per_batch": round(seconds / batches, 3),
+            "model_records_per_s": round(records / seconds, 2) if seconds > 0 else None}
+
+
+#: Ray's core workers report user metrics to the agent every 10 s (`metrics_report_interval_ms`):
+#: a count unchanged for longer than that has caught up with the work done so far.
+REPORT_INTERVAL_S = 10.0
+
+
+def settled_reading(url: str, model: str, quiet_s: float = REPORT_INTERVAL_S + 2, timeout_s: float = 60.0) -> dict:
+    """A reading taken once `model`'s computed-records counts have stopped moving for `quiet_s` (the work
+    of earlier cells, warm-ups and bursts is all in it), or after `timeout_s`."""
+    def counts(reading: dict) -> tuple[float, float]:
+        return (total(reading, "serve_app_records_total", model=model),
+                total(reading, "serve_app_batch_records_sum", model=model))
+
+    reading = scrape(url)
+    count = counts(reading)
+    still_since = began = time.monotonic()
+    while time.monotonic() - still_since < quiet_s and time.monotonic() - began < timeout_s:
+        time.sleep(1.0)
+        reading = scrape(url)
+        now = counts(reading)
+        if now != count:
+            count, still_since = now, time.monotonic()
+    return reading
+
+
+def batches_between(url: str, model: str, run: Callable[[], dict]) -> tuple[dict, dict]:
+    """Run `run()` (a bench cell) between two settled readings of `url` (`settled_reading`: the work
+    before the cell, then the cell's, all counted). Returns (the cell, `model`'s batch figures over
+    it, the requests still in flight when the cell's load stopped included)."""
+    before = settled_reading(url, model)
+    cell = run()
+    return cell, batch_figures(before, settled_reading(url, model), model)

@@ -1,0 +1,54 @@
+"""bench/gpu's Serve config (no Ray, no GPU): the GPU run serves the GPU profile exactly as
+deploy.serve_profiles renders it, with only its models, decode length, cache and job store changed, so
+the figures in docs/benchmarks/gpu-run are the profile's."""
+
+from __future__ import annotations
+
+import copy
+
+from bench.gpu.common import GPU_PLAN, TINY_PLAN
+from bench.gpu.serving import app_config
+from deploy.serve_profiles import serve_config
+
+MODELS = {"translation": "/models/m2m100-sized", "embeddings": "/models/minilm-shaped"}
+
+
+def _deployments(config: dict) -> dict:
+    return {d["name"]: d for d in config["applications"][0]["deployments"]}
+
+
+def test_the_gpu_run_serves_the_gpu_profile_with_only_its_models_changed(tmp_path):
+    config = app_config(MODELS, GPU_PLAN, False, 9527, "static", tmp_path)
+    profile = serve_config("gpu", "local")
+    assert _deployments(config) == _deployments(profile)
+    translator = _deployments(config)["Translator"]
+    assert translator["ray_actor_options"]["num_gpus"] == 0.5
+    assert translator["autoscaling_config"]["min_replicas"] == 2
+    args = config["applications"][0]["args"]
+    assert args["translation"]["model"] == MODELS["translation"]
+    assert args["translation"]["max_new_tokens"] == args["translation"]["min_new_tokens"] == GPU_PLAN.decode_tokens
+    assert "scheduling" not in args["translation"]
+    assert args["embeddings"]["model_path"] == MODELS["embeddings"]
+    assert args["cache"] == {"enabled": False}
+    assert str(tmp_path) in args["jobs"]["store_path"]
+    for key in ("backend", "device", "dtype", "local_files_only"):
+        assert args["translation"][key] == profile["applications"][0]["args"]["translation"][key]
+
+
+def test_the_continuous_run_differs_only_in_scheduling(tmp_path):
+    static = app_config(MODELS, GPU_PLAN, False, 9527, "static", tmp_path)
+    continuous = app_config(MODELS, GPU_PLAN, False, 9527, "continuous", tmp_path)
+    assert continuous["applications"][0]["args"]["translation"].pop("scheduling") == "continuous"
+    for config in (static, continuous):
+        config["applications"][0]["args"]["jobs"].pop("store_path")
+    assert static == continuous
+
+
+def test_tiny_mode_runs_the_same_deployments_without_a_gpu(tmp_path):
+    gpu = app_config(MODELS, GPU_PLAN, False, 9527, "static", tmp_path)
+    tiny = app_config(MODELS, TINY_PLAN, True, 9527, "static", tmp_path)
+    assert set(_deployments(tiny)) == set(_deployments(gpu))
+    assert _deployments(tiny)["Translator"]["ray_actor_options"]["num_gpus"] == 0
+    untouched = copy.deepcopy(_deployments(tiny)["Translator"])
+    untouched["ray_actor_options"] = _deployments(gpu)["Translator"]["ray_actor_options"]
+    assert untouched == _deployments(gpu)["Translator"]

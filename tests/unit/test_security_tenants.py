@@ -1,0 +1,167 @@
+"""Tenants do not see each other: the response cache is partitioned per API key, and admission
+control keeps a fair share of the in-flight slots for every key."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from serve_app import auth
+from serve_app.admission import fair_share
+from serve_app.api import app, set_service
+from serve_app.cache import ResponseCache, tenant_key
+from serve_app.service import Service
+from serve_app.settings import load_settings
+
+from .fakes import FakeEmbedder, FakeTranslator
+
+KEY_A = "a3f1c9e07b2d4f6a8c0e1b3d5f7a9c2e"
+KEY_B = "5d8e2a7c4f1b9e3a6c0d8f2b4e7a1c9d5b3f"
+KEY_C = "9b7d5f3a1c8e6b4d2f0a9c7e5b3d1f8a6c4e"
+
+
+def body(text: str) -> dict:
+    return {"payload": {"fromLang": "en", "toLang": "pt", "records": [{"id": "1", "text": text}]}}
+
+
+def serve(translator=None, embedder=None, cache=True, **ingress) -> tuple[FakeTranslator, FakeEmbedder]:
+    translator, embedder = translator or FakeTranslator(), embedder or FakeEmbedder()
+    settings = load_settings({"ingress": ingress})
+    cache_obj = ResponseCache.from_settings(settings.cache) if cache else None
+    set_service(Service(settings, translator=translator, embedder=embedder, cache=cache_obj))
+    return translator, embedder
+
+
+
+# --- the response cache ---------------------------------------------------------------------------
+
+def test_one_key_neither_reads_nor_detects_another_keys_cached_texts(app_client):
+    translator, embedder = serve(api_keys=f"{KEY_A},{KEY_B}")
+    secret = "the merger closes on friday"
+    a = {"X-API-Key": KEY_A}
+    b = {"Authorization": f"Bearer {KEY_B}"}
+    assert app_client.post("/translation", json=body(secret), headers=a).headers["X-Cache"] == "miss"
+    assert app_client.post("/translation", json=body(secret), headers=a).headers["X-Cache"] == "hit"
+    assert len(translator.calls) == 1
+    # B sends the same text: not a hit (B cannot tell that A sent it); computed for B.
+    first_b = app_client.post("/translation", json=body(secret), headers=b)
+    assert first_b.status_code == 200 and first_b.headers["X-Cache"] == "miss"
+    assert len(translator.calls) == 2
+    assert app_client.post("/translation", json=body(secret), headers=b).headers["X-Cache"] == "hit"
+    # Embeddings too.
+    emb = {"input": [secret], "model": "all-MiniLM-L6-v2"}
+    assert app_client.post("/embeddings", json=emb, headers=a).headers["X-Cache"] == "miss"
+    assert app_client.post("/embeddings", json=emb, headers=b).headers["X-Cache"] == "miss"
+    assert app_client.post("/embeddings", json=emb, headers=a).headers["X-Cache"] == "hit"
+    assert len(embedder.calls) == 2
+
+
+def test_cache_entries_carry_the_key_id_not_the_key(app_client):
+    serve(api_keys=f"{KEY_A},{KEY_B}")
+    app_client.post("/translation", json=body("hello"), headers={"X-API-Key": KEY_A})
+    from serve_app import api
+
+    keys = list(api._service.cache._entries)
+    assert keys and all(k[0] == auth.key_id(KEY_A) for k in keys)
+    assert KEY_A not in repr(keys)
+
+
+def test_with_keys_off_the_cache_is_one_space(app_client):
+    translator, _ = serve()
+    app_client.post("/translation", json=body("hello"))
+    assert app_client.post("/translation", json=body("hello")).headers["X-Cache"] == "hit"
+    assert len(translator.calls) == 1
+
+
+def test_tenant_key_keeps_the_text_last():
+    assert tenant_key(None, ("t", "m", "hello")) == ("t", "m", "hello")
+    assert tenant_key("abc", ("t", "m", "hello")) == ("abc", "t", "m", "hello")
+    assert tenant_key("abc", "x") == ("abc", "x")
+
+
+# --- fair share of the in-flight slots ------------------------------------------------------------------
+
+@pytest.mark.parametrize("limit, active, configured, share", [
+    (64, 1, 1, 64),    # one key: nobody to share with
+    (64, 1, 2, 32),    # alone of two: half, the other half stays free for the second key
+    (64, 2, 2, 32),
+    (64, 1, 5, 32),
+    (64, 2, 5, 21),
+    (64, 4, 5, 12),
+    (64, 9, 5, 12),    # never more parts than keys
+    (2, 3, 10, 1),     # at least one slot
+])
+def test_fair_share(limit, active, configured, share):
+    assert fair_share(limit, active, configured) == share
+
+
+class GatedTranslator(FakeTranslator):
+    """Holds every translation until `gate` opens: requests stay in flight."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.waiting = 0
+
+    async def call(self, method, *args, **kwargs):
+        if method == "translate":
+            self.waiting += 1
+            await self.gate.wait()
+        return await super().call(method, *args, **kwargs)
+
+
+def test_a_flooding_key_is_shed_while_another_keys_requests_get_through():
+    translator = GatedTranslator()
+    serve(translator, cache=False, api_keys=f"{KEY_A},{KEY_B},{KEY_C}", max_inflight_requests=8)
+
+    async def scenario():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+            def send(key, n):
+                return asyncio.create_task(http.post("/translation", json=body(f"text {n}"), headers={"X-API-Key": key}))
+
+            # A floods: 20 requests while its first ones hang.
+            flood = [send(KEY_A, n) for n in range(20)]
+            async with asyncio.timeout(10):  # A's share alone of 3 keys: 8 // 2 = 4 admitted, 16 shed
+                while translator.waiting < 4 or sum(t.done() for t in flood) < 16:
+                    await asyncio.sleep(0.01)
+            shed_a = [t for t in flood if t.done()]
+            assert translator.waiting == 4
+            # B and C come while A still floods: each is admitted at once.
+            others = [send(KEY_B, 100), send(KEY_C, 101)]
+            async with asyncio.timeout(10):
+                while translator.waiting < 6:
+                    await asyncio.sleep(0.01)
+            late_a = await send(KEY_A, 200)  # A is over its share (8 // 3 = 2): shed
+            translator.gate.set()
+            done = await asyncio.gather(*flood, *others)
+            return [t.result() for t in shed_a], late_a, done[-2:], done[:20]
+
+    shed_a, late_a, others, flood = asyncio.run(scenario())
+    set_service(None)
+    assert len(shed_a) == 16 and all(r.status_code == 503 for r in shed_a)
+    assert all(r.json()["error_type"] == "overloaded" and r.headers["Retry-After"] == "2" for r in shed_a)
+    assert late_a.status_code == 503 and "share" in late_a.json()["error"]
+    assert [r.status_code for r in others] == [200, 200]
+    assert sum(r.status_code == 200 for r in flood) == 4  # admitted requests all finished
+
+
+def test_without_keys_the_limit_is_not_shared_out():
+    translator = GatedTranslator()
+    serve(translator, cache=False, max_inflight_requests=4)
+
+    async def scenario():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+            tasks = [asyncio.create_task(http.post("/translation", json=body(f"t{n}"))) for n in range(6)]
+            async with asyncio.timeout(10):
+                while translator.waiting < 4 or sum(t.done() for t in tasks) < 2:
+                    await asyncio.sleep(0.01)
+            translator.gate.set()
+            return await asyncio.gather(*tasks)
+
+    codes = sorted(r.status_code for r in asyncio.run(scenario()))
+    set_service(None)
+    assert codes == [200] * 4 + [503] * 2
