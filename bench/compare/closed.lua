@@ -1,33 +1,13 @@
--- Closed-loop requests for bench.compare (wrk -s). Environment:
---   BENCH_TEXTS   file of JSON-quoted texts, one per line (the pool every contender gets)
---   BENCH_PATH    route, e.g. /embeddings;  BENCH_RECORDS  texts per request
---   BENCH_BODY    "embeddings" | "translation" (serve-app's contract) | "texts" (BentoML's {"texts": [...]})
-local texts = {}
-for line in io.lines(os.getenv("BENCH_TEXTS")) do texts[#texts + 1] = line end
-local path = os.getenv("BENCH_PATH")
-local records = tonumber(os.getenv("BENCH_RECORDS") or "1")
-local kind = os.getenv("BENCH_BODY")
+-- Closed-loop requests for bench.compare (wrk -s). Environment: bodies.lua's, and BENCH_LUA_DIR.
+package.path = os.getenv("BENCH_LUA_DIR") .. "/?.lua;" .. package.path
+local bodies = require("bodies")
 local i = 0
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
 
-local function body()
-  local picked = {}
-  for k = 1, records do picked[k] = texts[((i + k) % #texts) + 1] end
-  if kind == "texts" then
-    return '{"texts":[' .. table.concat(picked, ",") .. ']}'
-  elseif kind == "embeddings" then
-    if records == 1 then return '{"input":' .. picked[1] .. '}' end
-    return '{"input":[' .. table.concat(picked, ",") .. ']}'
-  end
-  local parts = {}
-  for k = 1, records do parts[k] = '{"id":"' .. k .. '","text":' .. picked[k] .. '}' end
-  return '{"payload":{"fromLang":"en","toLang":"pt","records":[' .. table.concat(parts, ",") .. ']}}'
-end
-
 request = function()
-  i = i + records
-  return wrk.format(nil, path, nil, body())
+  i = i + bodies.records
+  return wrk.format(nil, bodies.path, nil, bodies.body(i))
 end
 
 done = function(summary, latency, requests)

@@ -16,6 +16,7 @@ from tests.support import deep_update
 
 MAIN_PYTHON = Path(sys.executable)
 BENTOML_VENV = ROOT / ".bench-venvs" / "bentoml"
+INFINITY_VENV = ROOT / ".bench-venvs" / "infinity"
 SERVE_CONFIG = ROOT / "serve_config.yaml"
 
 
@@ -36,6 +37,14 @@ class Contender:
     #: extra warm-up (s) at the workload's highest concurrency for a contender that scales itself:
     #: its autoscaler's replicas start during the warm-up, not inside the measured cells
     settle_s: float = 0.0
+    #: the workloads it can serve (None: all)
+    workloads: tuple[str, ...] | None = None
+
+    def unavailable_for(self, workload: str) -> str | None:
+        """Why it does not run this workload here, if it does not."""
+        if self.workloads is not None and workload not in self.workloads:
+            return f"{self.label} serves only {', '.join(self.workloads)}"
+        return self.unavailable()
 
 
 def _peer(module: str) -> Callable[[str, int, Path], list[str]]:
@@ -51,6 +60,17 @@ def _bentoml_argv(workload: str, port: int, _: Path) -> list[str]:
 def _bentoml_missing() -> str | None:
     if not (BENTOML_VENV / "bin" / "bentoml").exists():
         return f"no BentoML venv at {BENTOML_VENV} (make bench creates it)"
+    return None
+
+
+def _infinity_argv(workload: str, port: int, _: Path) -> list[str]:
+    return [str(INFINITY_VENV / "bin" / "python"), "-m", "bench.peers.infinity_peer", "--workload", workload,
+            "--port", str(port)]
+
+
+def _infinity_missing() -> str | None:
+    if not (INFINITY_VENV / "bin" / "infinity_emb").exists():
+        return f"no Infinity venv at {INFINITY_VENV} (make bench creates it)"
     return None
 
 
@@ -103,6 +123,16 @@ CONTENDERS: tuple[Contender, ...] = (
     Contender("bentoml", "BentoML", _bentoml_argv, body_kind="texts", unavailable=_bentoml_missing,
               env=lambda workload: {"BENCH_WORKLOAD": workload, "BENTOML_DO_NOT_TRACK": "True",
                                     "BENTOML_HOME": str(ROOT / ".bench-venvs" / "bentoml-home")}),
+    # The dedicated batching servers (issue 24), each with serve-app's batch cap and wait.
+    Contender("mosec", "mosec", _peer("bench.peers.mosec_peer"), ready_path="/",
+              unavailable=_import_missing("mosec")),
+    Contender("litserve", "LitServe", _peer("bench.peers.litserve_peer"), ready_path="/health",
+              unavailable=_import_missing("litserve")),
+    # Embedding models only; its own venv (.bench-venvs/infinity); the torch engine (bench/peers/infinity_peer.py).
+    Contender("infinity", "Infinity (torch engine)", _infinity_argv, ready_path="/health", info_path="/models",
+              unavailable=_infinity_missing, workloads=("embeddings",),
+              env=lambda workload: {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "DO_NOT_TRACK": "1",
+                                    "INFINITY_ANONYMOUS_USAGE_STATS": "0"}),
     # Its autoscaler (cpu profile: upscale_delay_s 5 on a 15 s look-back) adds replicas within
     # ~20-40 s of sustained load, each loading its model: 45 s of warm-up lets that settle.
     # `make run CONFIG=serve_config.yaml` (until 2026-11-23 what `make run` served; the name is kept so
@@ -120,6 +150,12 @@ CONTENDERS: tuple[Contender, ...] = (
     Contender("serve_app_placed", "serve-app as `make run` starts it (serve_config.placed.yaml)",
               _serve_app_placed_argv, info_path="/v1/models", env=lambda workload: {"SERVE_APP_DRAIN_TIMEOUT_S": "2"},
               settle_s=45.0),
+    # The same with `embeddings.engine: onnx` (ONNX Runtime). Its export is kept in ~/.cache/serve-app/onnx: the
+    # first start on a machine makes it (~25 s more to the first answer), later ones load it.
+    Contender("serve_app_placed_onnx", "serve-app as `make run` starts it, embeddings.engine onnx",
+              _serve_app_placed_argv, info_path="/v1/models",
+              env=lambda workload: {"SERVE_APP_DRAIN_TIMEOUT_S": "2", "SERVE_APP_EMBEDDINGS_ENGINE": "onnx"},
+              unavailable=_import_missing("onnxruntime"), settle_s=45.0, workloads=("embeddings",)),
 )
 
 #: The in-process ceiling, reported beside the servers.

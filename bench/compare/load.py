@@ -72,13 +72,45 @@ def closed_cell_figures(raw: dict, records: int) -> dict:
     }
 
 
+def _run_wrk(script: Path, target: Target, texts_file: Path, connections: int, seconds: float,
+             request_timeout_s: float) -> dict:
+    """One wrk run of `script` (one thread, `connections` closed-loop clients): its BENCH_JSON line."""
+    env = dict(os.environ, BENCH_TEXTS=str(texts_file), BENCH_PATH=target.path, BENCH_RECORDS=str(target.records),
+               BENCH_BODY=target.body_kind, BENCH_LUA_DIR=str(script.parent))  # what bodies.lua reads
+    cmd = ["wrk", "-t1", f"-c{connections}", f"-d{seconds:g}s", f"--timeout={request_timeout_s:g}s",
+           "-s", str(script), target.url]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=seconds + request_timeout_s)
+    return parse_wrk(done.stdout + done.stderr)
+
+
 def run_closed(target: Target, texts_file: Path, concurrency: int, seconds: float) -> dict:
-    env = dict(os.environ, BENCH_TEXTS=str(texts_file), BENCH_PATH=target.path,
-               BENCH_RECORDS=str(target.records), BENCH_BODY=target.body_kind)
-    cmd = ["wrk", "-t1", f"-c{concurrency}", f"-d{seconds:g}s", f"--timeout={REQUEST_TIMEOUT_S}s",
-           "-s", str(LUA), target.url]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=seconds + REQUEST_TIMEOUT_S)
-    return closed_cell_figures(parse_wrk(done.stdout + done.stderr), target.records)
+    raw = _run_wrk(LUA, target, texts_file, concurrency, seconds, REQUEST_TIMEOUT_S)
+    return closed_cell_figures(raw, target.records)
+
+
+STORM_LUA = Path(__file__).with_name("storm.lua")
+#: a storm's per-request timeout: a request held this long is what the storm measures going wrong
+STORM_TIMEOUT_S = 30
+
+
+def storm_figures(raw: dict, records: int) -> dict:
+    """Goodput (200s per second), answers by status with their latencies (ms), socket errors."""
+    seconds = raw["duration_us"] / 1e6
+    statuses = {}
+    for status, v in sorted(raw["statuses"].items()):
+        summary = latency_summary([us / 1e6 for us in v["lat_us"]])
+        statuses[str(status)] = {"count": v["count"], "timed": len(v["lat_us"]),
+                                 "p50_ms": summary["p50_ms"], "p99_ms": summary["p99_ms"]}
+    ok = statuses.get("200", {}).get("count", 0)
+    return {"duration_s": round(seconds, 2), "goodput_rps": round(ok / seconds, 2),
+            "records_per_s": round(ok * records / seconds, 2), "statuses": statuses,
+            "socket_errors": raw["connect"] + raw["read"] + raw["write"] + raw["timeout"]}
+
+
+def run_storm(target: Target, texts_file: Path, clients: int, seconds: float) -> dict:
+    """`clients` closed-loop clients that ignore Retry-After (storm.lua): what a herd of impolite
+    clients gets from a server at and past its capacity."""
+    return storm_figures(_run_wrk(STORM_LUA, target, texts_file, clients, seconds, STORM_TIMEOUT_S), target.records)
 
 
 async def _open_loop(target: Target, rate: float, seconds: float, grace_s: float) -> dict:

@@ -31,16 +31,41 @@ def _log_tail(log: Path, chars: int = 3000) -> str:
 SERVER_TAG_ENV = "SERVE_APP_BENCH_SERVER"
 
 
-def _tagged(tag: str) -> list[psutil.Process]:
-    """Processes whose environment carries `tag` (inherited from the server we started)."""
+def tagged(tag: str, env_name: str = SERVER_TAG_ENV) -> list[psutil.Process]:
+    """Processes whose environment variable `env_name` is `tag` (inherited from what we started)."""
     found = []
     for p in psutil.process_iter():
         try:
-            if p.environ().get(SERVER_TAG_ENV) == tag:
+            if p.environ().get(env_name) == tag:
                 found.append(p)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
     return found
+
+
+def kill(processes: list[psutil.Process], wait_s: float) -> None:
+    """SIGKILL each of `processes` still alive and wait up to `wait_s` for them to go."""
+    for p in processes:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(processes, timeout=wait_s)
+
+
+def tree_pss(processes: list[psutil.Process]) -> dict:
+    """Memory of a process tree: the sum of PSS (proportional set size: each shared page divided among
+    the processes that map it, so shared libraries and the model's shared weights count once) and, for
+    comparison, of RSS (which counts a shared page once per process). Processes gone meanwhile, or
+    not ours to read, are skipped; `processes` says how many were counted."""
+    pss = rss = counted = 0
+    for p in {p.pid: p for p in processes}.values():
+        try:
+            info = p.memory_full_info()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+        pss, rss, counted = pss + info.pss, rss + info.rss, counted + 1
+    return {"pss_mib": round(pss / 2**20, 1), "rss_mib": round(rss / 2**20, 1), "processes": counted}
 
 
 class Server:
@@ -48,8 +73,13 @@ class Server:
         self.log = log
         self._log_file = open(log, "wb")
         self._tag = f"{os.getpid()}-{time.monotonic_ns()}"
+        self.started = time.monotonic()
         self.proc = subprocess.Popen(argv, env={**env, SERVER_TAG_ENV: self._tag}, cwd=cwd,
                                      stdout=self._log_file, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def since_start(self) -> float:
+        """Seconds since the server was launched."""
+        return time.monotonic() - self.started
 
     def wait_ready(self, url: str, timeout_s: float) -> float:
         """Poll `url` until it answers 200; returns the seconds it took."""
@@ -73,6 +103,15 @@ class Server:
         except psutil.NoSuchProcess:
             return []
 
+    def processes(self) -> list[psutil.Process]:
+        """Everything this server started: its process tree and the processes that carry its tag
+        (Ray's daemons leave the tree), each once."""
+        return list({p.pid: p for p in (*self._tree(), *tagged(self._tag))}.values())
+
+    def memory(self) -> dict:
+        """PSS (and RSS) of everything this server started (`processes`)."""
+        return tree_pss(self.processes())
+
     def stop(self) -> None:
         """SIGTERM the group (graceful), then SIGKILL whatever of the process tree is left."""
         tree = self._tree()
@@ -86,12 +125,7 @@ class Server:
             pass
         # Children that left the group (Ray's own daemons) or outlived their parent (MLPool's
         # worker processes were found orphaned after their server stopped): by pid and by tag.
-        tree = list({p.pid: p for p in (*tree, *_tagged(self._tag))}.values())
+        tree = list({p.pid: p for p in (*tree, *tagged(self._tag))}.values())
         _, alive = psutil.wait_procs(tree, timeout=1)
-        for p in alive:
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(alive, timeout=5)
+        kill(alive, wait_s=5)
         self._log_file.close()

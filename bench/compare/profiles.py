@@ -20,6 +20,9 @@ class Profile:
     load_fraction: float = 0.5
     #: (workload, records) -> concurrencies, where the default list would only measure backlog
     concurrency_overrides: dict = field(default_factory=dict)
+    #: a client storm after the cells (1 record per request, clients ignoring Retry-After); 0: none
+    storm_clients: int = 0
+    storm_s: float = 15
 
     def concurrencies_for(self, workload: str, records: int) -> tuple[int, ...]:
         return self.concurrency_overrides.get((workload, records), self.concurrencies)
@@ -46,6 +49,12 @@ PROFILES = {
         # 128 x 16 two minutes, past service_streamer's 20 s request timeout; its timed-out work stays
         # queued, so every later cell measured that backlog (0 rec/s down to 1 client; first full run).
         concurrency_overrides={("translation-transformers", 16): (1, 8)}),
+    # Issue 24's embeddings cells only: 1, 8, 32 and 64 clients x 1 text and 32 clients x 16 texts,
+    # then 200 clients that ignore Retry-After for 15 s (~3.5 min per serve-app mode, ~2 min per peer).
+    "peers": Profile(
+        "peers", ("embeddings",), (1, 16), (1, 8, 32, 64),
+        cell_s={"embeddings": 8}, open_s={"embeddings": 5}, warmup_s=2, offline_s=2,
+        concurrency_overrides={("embeddings", 16): (32,)}, storm_clients=200),
     # A minute-long check that every contender starts and answers (not for figures).
     "smoke": Profile(
         "smoke", WORKLOAD_ORDER, (1, 16), (8,),

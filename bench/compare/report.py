@@ -5,12 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from bench.compare import stats
+from bench.compare import peer_targets, stats
 
 TARGET_CONCURRENCY = 64  # the embeddings target compares throughput at 64 clients
 TRANSLATION_VS_OFFLINE = 0.8
 TRANSLATION_VS_NAIVE = 5.0
 P99_VS_BATCH_TIME = 2.0
+#: how a target's `met` (True / False / None: no figure) reads in the report
+VERDICTS = {True: "met", False: "**not met**", None: "not measured"}
 
 
 def _fmt(value: Optional[float], digits: int = 1) -> str:
@@ -41,7 +43,7 @@ def summary_rows(results: dict) -> list[dict]:
 
 
 #: serve-app's contenders (its modes), judged against the peers, never against each other
-PROJECT = ("serve_app", "serve_app_python_proxy", "serve_app_placed")
+PROJECT = ("serve_app", "serve_app_python_proxy", "serve_app_placed", "serve_app_placed_onnx")
 
 
 def targets(results: dict, project: str = "serve_app", naive: str = "naive") -> list[dict]:
@@ -90,10 +92,12 @@ def markdown(results: dict) -> str:
     for project in [p for p in PROJECT if p in results["contenders"]] or ["serve_app"]:
         lines += [f"{labels.get(project, project)}:", "", "| target | figure | verdict |", "|---|---|---|"]
         for t in targets(results, project):
-            verdict = {True: "met", False: "**not met**", None: "not measured"}[t["met"]]
+            verdict = VERDICTS[t["met"]]
             lines.append(f"| {t['target']} | {_fmt(t['figure'], 2)} | {verdict} |")
         lines.append("")
     lines.pop()
+    if results["profile"] == "peers":
+        lines += peer_target_lines(results)
     lines += ["", "## Offline limit (the model alone, best batch)", "",
               "| workload | best batch | records/s | one full batch (s) |", "|---|---|---|---|"]
     for workload, off in results["offline"].items():
@@ -108,6 +112,8 @@ def markdown(results: dict) -> str:
             f"{_fmt(r['saturation_records_per_s'])} ({r['saturation_concurrency'] or 'n/a'}) | "
             f"{_fmt(r['records_per_s_at_64'])} | {_fmt(r['ratio_to_offline'], 2)} | {_fmt(r['open_rps'])} | "
             f"{_fmt(r['open_p50_ms'])} | {_fmt(r['open_p99_ms'])} |")
+    lines += startup_memory_lines(results)
+    lines += peer_targets.storm_lines(results)
     lines += ["", "## Every closed-loop cell", "",
               "| workload | rec/req | contender | clients | rec/s | req/s | p50 ms | p99 ms | errors |",
               "|---|---|---|---|---|---|---|---|---|"]
@@ -121,6 +127,42 @@ def markdown(results: dict) -> str:
         for f in results["failures"]:
             lines.append(f"- **{f['contender']}** / {f['workload']}: `{f['error']}`")
     return "\n".join(lines) + "\n"
+
+
+def peer_target_lines(results: dict) -> list[str]:
+    """Issue 24's targets (bench/compare/peer_targets.py) for each serve-app mode in the run."""
+    labels, lines = results["labels"], []
+    peers = [c for c in results["contenders"] if c not in PROJECT]
+    for project in [p for p in PROJECT if p in results["contenders"]]:
+        lines += ["", f"### Issue 24's targets: {labels.get(project, project)} against {', '.join(peers) or 'no peer'}",
+                  "", "| target | figure | verdict | detail |", "|---|---|---|---|"]
+        for t in peer_targets.targets(results, project, peers):
+            verdict = VERDICTS[t["met"]]
+            lines.append(f"| {t['target']} | {_fmt(t['figure'], 2)} | {verdict} | {t['detail']} |")
+    return lines
+
+
+def startup_memory_lines(results: dict) -> list[str]:
+    """Start-up (ready route, first answered request) and memory (PSS and RSS of the server's whole
+    process tree, after its first answer and after its last cell) per contender and workload."""
+    labels, first = results["labels"], results.get("first_answer_s", {})
+    if not first:
+        return []
+    lines = ["", "## Start-up and memory", "",
+             "From the launch: seconds until the readiness route answers 200 and until the first request is "
+             "answered. Memory: the sum over the server's process tree (and the processes it detached) of PSS "
+             "(shared pages divided among the processes that map them) and of RSS (which counts them once per "
+             "process), after the first answer and after the last cell.", "",
+             "| workload | contender | ready s | first answer s | PSS MiB (first answer) | PSS MiB (after load) | "
+             "RSS MiB (after load) | processes |", "|---|---|---|---|---|---|---|---|"]
+    for key, seconds in first.items():
+        name, workload = key.split("/", 1)
+        mem = results.get("memory", {}).get(key, {})
+        idle, loaded = mem.get("after_first_answer", {}), mem.get("after_load", {})
+        lines.append(f"| {workload} | {labels.get(name, name)} | {_fmt(results['startup_s'].get(key))} | "
+                     f"{_fmt(seconds)} | {_fmt(idle.get('pss_mib'), 0)} | {_fmt(loaded.get('pss_mib'), 0)} | "
+                     f"{_fmt(loaded.get('rss_mib'), 0)} | {loaded.get('processes', idle.get('processes', 'n/a'))} |")
+    return lines
 
 
 def plots(results: dict, out_dir: Path) -> list[Path]:

@@ -1,13 +1,13 @@
-"""serve-app's HTTP contract, for the peers that speak it (naive, service_streamer, MLPool).
+"""serve-app's HTTP contract, for the peers that speak it (naive, service_streamer, MLPool, mosec, LitServe).
 
 Same request bodies as serve-app (validated with pydantic, as a FastAPI user would),
 same response shapes, so the load generator sends identical requests to every
-contender. BentoML speaks its own (see bentoml_service.py).
+contender (mosec and LitServe included). BentoML and Infinity speak their own.
 """
 
 from __future__ import annotations
 
-from typing import Sequence, Union
+from typing import Callable, Sequence, Union
 
 from pydantic import BaseModel, Field
 
@@ -50,3 +50,15 @@ def response_of(workload: str, body: dict, outputs: Sequence) -> dict:
                          for i, vector in enumerate(outputs)]}
     records = body["payload"]["records"]
     return {"result": [{"id": r["id"], "text": text} for r, text in zip(records, outputs)]}
+
+
+def outputs_per_request(run: Callable[[Sequence[str]], list], texts_per_request: Sequence[Sequence[str]]) -> list[list]:
+    """One model call for a batch of requests (a batching server's batch): every request's texts in one
+    list, then each request's outputs back in its own order."""
+    flat = [text for texts in texts_per_request for text in texts]
+    outputs = run(flat) if flat else []
+    split, start = [], 0
+    for texts in texts_per_request:
+        split.append(outputs[start:start + len(texts)])
+        start += len(texts)
+    return split

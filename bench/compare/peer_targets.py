@@ -1,0 +1,98 @@
+"""Issue 24's targets (the `peers` profile): serve-app against the dedicated batching servers
+(mosec, LitServe, Infinity), the offline limit and a client storm, each with its figure and
+verdict. Pure arithmetic over results.json, like stats.py."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from bench.compare import stats
+
+WORKLOAD = "embeddings"
+#: (records per request, clients) of the lead target; at LEAD_MARGIN_AT clients the lead must be >= 10 %
+LEAD_CELLS = ((1, 1), (1, 8), (1, 32), (1, 64), (16, 32))
+LEAD_MARGIN_AT = (32, 64)
+LEAD_MARGIN = 1.10
+VS_OFFLINE_AT_64 = 0.75
+P50_VS_BATCH_OF_1 = 1.5
+STORM_GOODPUT = 0.8
+STORM_503_P99_MS = 50.0
+READY_S = 15.0
+
+
+def _row(target: str, figure: Optional[float], met: Optional[bool], detail: str = "") -> dict:
+    return {"target": target, "figure": figure, "met": met, "detail": detail}
+
+
+def _verdict(figure: Optional[float], ok) -> Optional[bool]:
+    return None if figure is None else bool(ok(figure))
+
+
+def capacity_rps(cells: list[dict], contender: str) -> Optional[float]:
+    """A contender's capacity in the run: its best closed-loop requests/s at 1 record per request."""
+    best = stats.saturation(cells, contender, WORKLOAD, 1)
+    return best and best["requests_per_s"]
+
+
+def storm_cell(cells: list[dict], contender: str) -> Optional[dict]:
+    return next((c for c in cells if c.get("mode") == "storm" and c["contender"] == contender
+                 and c["workload"] == WORKLOAD), None)
+
+
+def targets(results: dict, project: str, peers: list[str]) -> list[dict]:
+    cells, offline = results["cells"], results["offline"].get(WORKLOAD, {})
+    out = []
+    for records, clients in LEAD_CELLS:
+        mine = stats.cell_at(cells, project, WORKLOAD, records, clients)
+        theirs = {p: stats.cell_at(cells, p, WORKLOAD, records, clients) for p in peers}
+        measured = {p: c["records_per_s"] for p, c in theirs.items() if c}
+        best = max(measured, key=measured.get) if measured else None
+        lead = stats.ratio(mine and mine["records_per_s"], best and measured[best])
+        need = LEAD_MARGIN if clients in LEAD_MARGIN_AT else 1.0
+        out.append(_row(f"{clients} clients x {records} text: ahead of every peer"
+                        + (f" by >= {LEAD_MARGIN - 1:.0%}" if need > 1 else "") + " (ratio to the best peer)",
+                        lead, _verdict(lead, lambda x: x >= need if need > 1 else x > 1.0),
+                        f"best peer: {best}" if best else "no peer measured"))
+    at64 = stats.cell_at(cells, project, WORKLOAD, 1, 64)
+    vs_off = stats.ratio(at64 and at64["records_per_s"], offline.get("records_per_s"))
+    out.append(_row(f"64 clients x 1 text: served >= {VS_OFFLINE_AT_64} x the offline limit", vs_off,
+                    _verdict(vs_off, lambda x: x >= VS_OFFLINE_AT_64),
+                    f"offline {offline.get('records_per_s')} texts/s at batch {offline.get('best_batch')}"))
+    one = stats.cell_at(cells, project, WORKLOAD, 1, 1)
+    batch_1 = offline.get("batches", {}).get(1, offline.get("batches", {}).get("1", {})).get("batch_s")
+    p50 = stats.ratio(one and one["p50_ms"], batch_1 and batch_1 * 1000)
+    out.append(_row(f"1 client: p50 <= {P50_VS_BATCH_OF_1} x the offline batch-of-1 time", p50,
+                    _verdict(p50, lambda x: x <= P50_VS_BATCH_OF_1),
+                    f"p50 {one and one['p50_ms']} ms, batch of 1 {batch_1 and round(batch_1 * 1000, 1)} ms"))
+    storm, capacity = storm_cell(cells, project), capacity_rps(cells, project)
+    goodput = stats.ratio(storm and storm["goodput_rps"], capacity)
+    out.append(_row(f"storm: goodput >= {STORM_GOODPUT} x capacity", goodput,
+                    _verdict(goodput, lambda x: x >= STORM_GOODPUT),
+                    f"{storm and storm['goodput_rps']} ok/s of {capacity} req/s" if storm else "no storm cell"))
+    refused = (storm or {}).get("statuses", {}).get("503") or {}
+    p99 = refused.get("p99_ms")
+    out.append(_row(f"storm: 503s answered within {STORM_503_P99_MS:g} ms at p99", p99,
+                    _verdict(p99, lambda x: x <= STORM_503_P99_MS),
+                    f"{refused.get('count', 0)} 503s, {refused.get('timed', 0)} timed" if storm else "no storm cell"))
+    ready = results.get("first_answer_s", {}).get(f"{project}/{WORKLOAD}")
+    out.append(_row(f"ready (first answer) <= {READY_S:g} s after launch", ready, _verdict(ready, lambda x: x <= READY_S),
+                    "from the launch of the server process"))
+    return out
+
+
+def storm_lines(results: dict) -> list[str]:
+    """The storm cells: goodput against each contender's own capacity, answers by status."""
+    cells, labels = results["cells"], results["labels"]
+    rows = [c for c in cells if c.get("mode") == "storm"]
+    if not rows:
+        return []
+    lines = ["", "## Client storm (clients ignoring Retry-After, 1 text per request)", "",
+             "| contender | clients | ok/s | capacity req/s | x capacity | statuses (count: p50 / p99 ms) | socket errors |",
+             "|---|---|---|---|---|---|---|"]
+    for c in rows:
+        capacity = capacity_rps(cells, c["contender"])
+        statuses = "; ".join(f"{k}: {v['count']} ({v['p50_ms']} / {v['p99_ms']})" if v["timed"] else
+                             f"{k}: {v['count']} (not timed: no X-Request-ID echo)" for k, v in c["statuses"].items())
+        lines.append(f"| {labels.get(c['contender'], c['contender'])} | {c['concurrency']} | {c['goodput_rps']} | "
+                     f"{capacity} | {stats.ratio(c['goodput_rps'], capacity)} | {statuses} | {c['socket_errors']} |")
+    return lines
