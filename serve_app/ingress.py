@@ -13,7 +13,7 @@ from ray import serve
 
 from deployments.health import ReplicaHealth
 
-from . import auth, middleware
+from . import auth, drain_signal, middleware
 from .api import app, set_service
 from .cache import CacheMetrics, ResponseCache
 from .model_clients import INGRESS_DEPLOYMENT
@@ -62,6 +62,8 @@ class Ingress:
         # Models with `placement: ingress` (no deployment of their own, so no handle) load here.
         self.placed = PlacedModels(self.settings)
         set_service(build_service(self.settings, self.placed, translator, embedder, models, jobs))
+        # Under `make run`, the launcher's stop reaches every replica (serve_app/drain_signal.py).
+        drain_signal.watch(serve.get_replica_context().replica_id.unique_id, self._drain)
         logger.info("Ingress ready with limits %s, response cache %s, models placed here: %s",
                     self.settings.ingress.model_dump(), self.settings.cache.model_dump(),
                     self.placed.names() or "none")
@@ -87,13 +89,12 @@ class Ingress:
         """A call to a model placed in this Ingress from another deployment (the JobManager's job work)."""
         return await self.placed.call(name, method, *args, **kwargs)
 
-    async def drain(self, timeout_s: float = 30.0) -> dict:
+    @staticmethod
+    async def _drain(timeout_s: float) -> dict:
         """Stop admitting model requests (503 `shutting_down` + Retry-After, /readyz 503) and
-        wait up to `timeout_s` for the admitted ones to finish. `python -m serve_app.run`
-        calls this on Ctrl-C / SIGTERM before it shuts Serve down."""
+        wait up to `timeout_s` for the admitted ones to finish. On Ctrl-C / SIGTERM,
+        `python -m serve_app.run` has every replica do this before it shuts Serve down."""
         # Through the module: this class is pickled by value, a global would be a copy.
         result = await middleware.DRAIN.drain(timeout_s)
-        # The launcher calls every replica this way, and counts them by this id.
-        result["replica"] = serve.get_replica_context().replica_id.unique_id
         logger.info("Ingress drained: %s", result)
         return result

@@ -4,9 +4,12 @@
 stop together and requests in flight lose their connection (measured: 5 of 8 in flight
 cut off on SIGTERM, 8 of 8 on SIGINT). This launcher starts the local Ray cluster
 itself, runs `serve run --address <it>` as a child (same config, same logs), and on
-Ctrl-C / SIGTERM first drains each application's Ingress, every replica of it (new model requests get
-`503 shutting_down` + Retry-After, /readyz turns 503, admitted requests finish, up to
+Ctrl-C / SIGTERM first drains every Ingress replica at once (serve_app/drain_signal.py: new model
+requests get `503 shutting_down` + Retry-After, /readyz turns 503, admitted requests finish, up to
 --drain-timeout-s), then shuts Serve and Ray down. `make run` uses it.
+
+It starts a Ray instance of its own (--address local) unless told to join a cluster (--address
+host:port, env RAY_ADDRESS): never the one the machine's last `ray start` recorded by accident.
 
 It also picks Serve's HTTP proxy (--proxy, env SERVE_APP_PROXY; serve_app/proxy.py): HAProxy
 where a binary is available, else Serve's Python proxy.
@@ -23,7 +26,7 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 
@@ -64,49 +67,25 @@ def _app_names(config_path: str) -> list[str]:
     return [app.get("name", "default") for app in config.get("applications") or []]
 
 
-#: Rounds of drain calls before the launcher gives up on reaching a replica it has not heard from.
-DRAIN_ROUNDS = 5
-
-
-def drain_every_replica(call_drain: Callable[[], Any], replicas: int, timeout_s: float,
-                        rounds: int = DRAIN_ROUNDS) -> dict[str, dict]:
-    """Drain each of an Ingress's `replicas` replicas; {replica id: its drain result}.
-
-    A handle call reaches one replica, chosen by Serve's router. So each round sends as many
-    `drain` calls at once as there are replicas (a replica busy with one is less likely to be
-    picked for the next) until every replica has answered. A replica answers a repeated call at
-    once: it is already draining and has nothing in flight. `call_drain()` returns a response
-    with `.result(timeout_s=...)`."""
-    drained: dict[str, dict] = {}
-    for _ in range(rounds):
-        responses = [call_drain() for _ in range(max(1, replicas))]
-        for response in responses:
-            result = response.result(timeout_s=timeout_s + 10)
-            drained.setdefault(str(result.get("replica", "?")), result)
-        if len(drained) >= replicas:
-            break
-    return drained
-
-
-def _running_replicas(app_name: str, deployment: str = "Ingress") -> int:
+def _running_ingress_replicas(app_names: list[str]) -> int:
     from ray import serve
 
-    status = serve.status().applications[app_name].deployments[deployment]
-    return int(status.replica_states.get("RUNNING", 0))
+    applications = serve.status().applications
+    return sum(int(applications[name].deployments["Ingress"].replica_states.get("RUNNING", 0))
+               for name in app_names if name in applications)
 
 
-def _drain(app_names: list[str], timeout_s: float) -> None:
-    from ray import serve
+def _drain(signal_actor: Any, app_names: list[str], timeout_s: float) -> None:
+    """Every Ingress replica drains at once (serve_app/drain_signal.py); wait for each one's report."""
+    import ray
 
-    for name in app_names:
-        try:
-            handle = serve.get_deployment_handle("Ingress", app_name=name)
-            replicas = _running_replicas(name)
-            drained = drain_every_replica(lambda: handle.drain.remote(timeout_s), replicas, timeout_s)
-            _say(f"serve-app: drained {len(drained)} of {replicas} Ingress replica(s) of {name!r}: "
-                 f"{list(drained.values())}")
-        except Exception as exc:  # a failed drain must not prevent the shutdown
-            _say(f"serve-app: could not drain {name!r} ({exc!r}); stopping anyway")
+    try:
+        replicas = _running_ingress_replicas(app_names)
+        ray.get(signal_actor.stop.remote(timeout_s))
+        drained = ray.get(signal_actor.reports.remote(replicas, timeout_s + 10))
+        _say(f"serve-app: drained {len(drained)} of {replicas} Ingress replica(s): {drained}")
+    except Exception as exc:  # a failed drain must not prevent the shutdown
+        _say(f"serve-app: could not drain ({exc!r}); stopping anyway")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,6 +105,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="Serve's HTTP proxy (env SERVE_APP_PROXY): auto = HAProxy where a binary is found "
                              "(half the CPU per request), else Serve's Python proxy; python = the Python proxy, "
                              "which also cancels requests whose clients disconnect (serve_app/proxy.py)")
+    parser.add_argument("--address", default=os.environ.get("RAY_ADDRESS") or "local",
+                        help="the Ray cluster to serve on (env RAY_ADDRESS): local (the default) starts a Ray "
+                             "instance of its own; host:port joins that cluster. Never the cluster that the "
+                             "machine's last `ray start` recorded (/tmp/ray/ray_current_cluster) by accident")
     ns = parser.parse_args(argv)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     # Every access-log line reaches the console: Ray's log deduplication folds lines that differ only
@@ -158,7 +141,17 @@ def _serve(ns: argparse.Namespace) -> int:
     import ray
     from ray import serve
 
-    ray.init(namespace="serve", logging_level="WARNING", log_to_driver=False, include_dashboard=ns.dashboard)
+    from serve_app import drain_signal
+
+    # An explicit address: with none, ray.init() joins the cluster named in RAY_ADDRESS, in the last
+    # `ray start`'s record or by a running gcs_server, dead or alive (issue 30).
+    joining = ns.address != "local"
+    ray.init(address=ns.address, namespace="serve", logging_level="WARNING", log_to_driver=False,
+             **({} if joining else {"include_dashboard": ns.dashboard}))
+    if joining:
+        _say(f"serve-app: serving on the Ray cluster at {ray.get_runtime_context().gcs_address}")
+    # Before Serve starts: each Ingress replica looks for it when it starts.
+    signal_actor = drain_signal.create()
     stop = threading.Event()
     # After ray.init, which installs its own SIGTERM handler for the driver.
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -175,7 +168,7 @@ def _serve(ns: argparse.Namespace) -> int:
     code = child.poll()
     if code is None:
         _say("serve-app: stopping: draining in-flight requests first")
-        _drain(_app_names(ns.config), ns.drain_timeout_s)
+        _drain(signal_actor, _app_names(ns.config), ns.drain_timeout_s)
     try:
         serve.shutdown()
     finally:

@@ -165,10 +165,12 @@ class LocalCluster(DashboardView):
         args = [_bin("ray"), "start", "--block", f"--node-ip-address={node.address}",
                 f"--metrics-export-port={METRICS_PORT}", "--disable-usage-stats",
                 f"--object-store-memory={max(78 * 2**20, int(node.spec.memory_bytes * 0.3))}",
-                *node.spec.ray_start_args()]
+                *node.spec.ray_start_args(),
+                # Every node's record of its cluster (ray_current_cluster) goes in this run's folder, not
+                # /tmp/ray, where a later `ray.init()` with no address would join it, dead or alive (issue 30).
+                f"--temp-dir={self.workdir / 'ray'}"]
         if node.spec.head:
-            args += ["--head", f"--port={GCS_PORT}", f"--dashboard-port={DASHBOARD_PORT}",
-                     f"--temp-dir={self.workdir / 'ray'}"]
+            args += ["--head", f"--port={GCS_PORT}", f"--dashboard-port={DASHBOARD_PORT}"]
             # A restarted head is a new pod: its /tmp does not remember the last cluster's address, and
             # it cannot see the workers' processes. Here every node shares the machine's process table
             # and /tmp, and `ray start --head` refuses an address that the last start recorded while

@@ -68,7 +68,7 @@ class ServeRun:
         self.env.update(lean_serve_environment(self.env))  # Serve's control-plane ticks, as make run sets them
         self.proc: Optional[subprocess.Popen] = None
         #: `serve run` (what the integration tests use), or the `make run` launcher
-        self.command = [str(Path(sys.executable).with_name("serve")), "run"]
+        self.command = [str(Path(sys.executable).with_name("serve")), "run", "--address", "local"]  # issue 30: own Ray
 
     def _config(self, name: str, args: dict, deployments: dict[str, dict]) -> dict:
         """The checked-in config `name` on this run's port."""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import subprocess
 import sys
 
@@ -32,43 +34,54 @@ def test_the_installed_ray_serve_reads_every_lean_tick():
     assert export_ms == int(LEAN_SERVE_TICKS["RAY_SERVE_METRICS_EXPORT_INTERVAL_MS"])
 
 
-class _Router:
-    """Serve's router as the launcher sees it: each call goes to one replica, in the order given."""
+def test_the_stop_reaches_a_replica_that_waits_and_one_that_starts_after_it():
+    """serve_app/drain_signal.py's actor, as a plain object: replicas waiting on the stop all wake up,
+    one that asks after the stop is answered at once, and the launcher gets every report."""
+    from serve_app.drain_signal import Signal
 
-    def __init__(self, picks: list[str]):
-        self.picks = iter(picks)
-        self.calls = 0
+    async def scenario():
+        signal = Signal()
+        waiting = [asyncio.ensure_future(signal.wait_for_stop()) for _ in range(2)]
+        await asyncio.sleep(0)
+        assert not any(w.done() for w in waiting)
+        await signal.stop(7.5)
+        assert await asyncio.gather(*waiting) == [7.5, 7.5]
+        assert await signal.wait_for_stop() == 7.5  # a replica started after the stop
+        reports = asyncio.ensure_future(signal.reports(3, timeout_s=5))
+        for replica in "abc":
+            await signal.report(replica, {"in_flight_left": 0})
+        assert set(await reports) == {"a", "b", "c"}
 
-    def call_drain(self):
-        self.calls += 1
-        replica = next(self.picks)
-
-        class Response:
-            def result(self, timeout_s: float) -> dict:
-                return {"replica": replica, "in_flight_at_start": 0, "in_flight_left": 0}
-        return Response()
-
-
-def test_drain_reaches_every_replica_even_when_the_router_repeats_one():
-    from serve_app.run import drain_every_replica
-
-    router = _Router(["a", "a", "a", "b"])  # round 1 reaches a twice; round 2 reaches a, then b
-    drained = drain_every_replica(router.call_drain, replicas=2, timeout_s=1)
-    assert set(drained) == {"a", "b"}
-    assert router.calls == 4
+    asyncio.run(scenario())
 
 
-def test_drain_gives_up_after_its_rounds_and_reports_whom_it_reached():
-    from serve_app.run import drain_every_replica
+def test_the_launcher_gives_up_on_a_replica_that_never_reports():
+    from serve_app.drain_signal import Signal
 
-    router = _Router(["a"] * 100)
-    drained = drain_every_replica(router.call_drain, replicas=2, timeout_s=1, rounds=3)
-    assert set(drained) == {"a"} and router.calls == 6
+    async def scenario():
+        signal = Signal()
+        await signal.report("a", {})
+        return await signal.reports(2, timeout_s=0.05)
+
+    assert set(asyncio.run(scenario())) == {"a"}
 
 
-def test_one_replica_gets_one_call():
-    from serve_app.run import drain_every_replica
+def test_the_launcher_starts_its_own_ray_unless_told_to_join_one(monkeypatch):
+    """Issue 30: `ray.init()` with no address joins whatever cluster the machine's last `ray start`
+    recorded; the launcher names one: its own (local), or the one the user gave."""
+    import serve_app.run as run
 
-    router = _Router(["a"])
-    assert set(drain_every_replica(router.call_drain, replicas=1, timeout_s=1)) == {"a"}
-    assert router.calls == 1
+    seen = {}
+
+    def parse_only(ns):
+        seen["address"] = ns.address
+        return 0
+
+    monkeypatch.setattr(os, "environ", os.environ.copy())  # main() sets Ray's variables in it
+    monkeypatch.setattr(run, "_serve", parse_only)
+    monkeypatch.setattr(run, "proxy_environment", lambda choice, run_dir, *a: ("python", {}))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert run.main(["serve_config.yaml"]) == 0 and seen["address"] == "local"
+    monkeypatch.setenv("RAY_ADDRESS", "198.18.0.1:6379")
+    assert run.main(["serve_config.yaml"]) == 0 and seen["address"] == "198.18.0.1:6379"
+    assert run.main(["serve_config.yaml", "--address", "local"]) == 0 and seen["address"] == "local"
