@@ -12,7 +12,7 @@ TORCH_SPEC ?= torch==2.13.0
 CHECKOV_SPEC ?= checkov==3.3.30
 export RAY_USAGE_STATS_ENABLED ?= 0
 
-.PHONY: lock bench bench-smoke bench-gpu chaos cluster cluster-test load status run test install install-test unit integration check-config render-configs check-rendered deploy-test clean
+.PHONY: lock bench bench-smoke bench-gpu chaos chaos-smoke cluster cluster-test cluster-smoke load status run test install install-test unit integration check-config render-configs check-rendered deploy-test clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -69,9 +69,14 @@ integration: install-test
 check-config: install
 	$(BIN)/python -m serve_app.config_check $(CONFIG)
 
-## Chaos tests: kill replicas, deadlines, disconnects, updates, model load failure (~5 min, own Serve runs).
+## Chaos tests: kill replicas, deadlines, disconnects, updates, model load failure (~30 min, own Serve runs).
 chaos: install-test
 	$(BIN)/python -m pytest tests/chaos
+
+## The chaos tests CI runs (marked smoke; ~8 min): replica and Ingress kills, the graceful stop,
+## jobs across restarts, the refusal to listen without a key, Ray's address record (issue 30).
+chaos-smoke: install-test
+	$(BIN)/python -m pytest tests/chaos -m smoke
 
 ## The CPU RayService on a local multi-node Ray cluster (a head and the worker pods as Ray nodes, each in a
 ## network namespace of its own), submitted as KubeRay submits it; Ctrl-C removes it all. Needs root.
@@ -82,6 +87,10 @@ cluster: install-test
 ## scaling across nodes (~10 min, one local cluster of their own; root).
 cluster-test: install-test
 	$(BIN)/python -m pytest tests/cluster
+
+## The cluster smoke CI runs (marked smoke; ~6 min): cluster up, deploy, a worker lost under load, down.
+cluster-smoke: install-test
+	$(BIN)/python -m pytest tests/cluster -m smoke
 
 ## Re-resolve requirements.lock from pyproject.toml (Python 3.11, Linux x86_64, as the image), preferring
 ## the versions it already pins; then commit it. LOCK_ARGS=--upgrade moves every pin to the newest allowed.
@@ -173,9 +182,12 @@ BENCH_GPU_ARGS ?=
 bench-gpu: $(VENV)/.installed-bench
 	$(BIN)/python -m bench.gpu --out $(BENCH_GPU_OUT) $(BENCH_GPU_ARGS)
 
-## Serve's view of the running app (replica states); the local cluster uses Ray token auth.
+## Serve's view of the running app (replica states) through the dashboard at RAY_DASHBOARD_ADDRESS:
+## `make run`'s by default; `make status RAY_DASHBOARD_ADDRESS=http://<head>:8265` for a cluster's.
+## Ray 2.60 turns token auth on.
+RAY_DASHBOARD_ADDRESS ?= http://127.0.0.1:8265
 status:
-	RAY_AUTH_MODE=token $(BIN)/serve status
+	RAY_AUTH_MODE=token $(BIN)/serve status --address $(RAY_DASHBOARD_ADDRESS)
 
 clean:
 	rm -rf .build reports .pytest_cache

@@ -62,6 +62,7 @@ def _measure(run, send) -> tuple[list, dict]:
                       "records_computed": computed, "records_dropped_from_queue": cancelled}
 
 
+@pytest.mark.smoke  # CI: make chaos-smoke
 def test_deadline_is_504_promptly_and_queued_records_are_not_computed(chaos_run, figures):
     run = chaos_run
 

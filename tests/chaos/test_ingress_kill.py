@@ -75,6 +75,7 @@ def _figures(outcomes: list, killed_at: float, replaced_s: float) -> dict:
     }
 
 
+@pytest.mark.smoke  # CI: make chaos-smoke
 def test_ingress_killed_under_load(chaos_run, figures):
     outcomes, killed_at, replaced_s, _ = _kill_an_ingress_under_load(chaos_run, workers=4)
     figures["ingress_kill"] = measured = _figures(outcomes, killed_at, replaced_s)
@@ -115,6 +116,7 @@ def test_a_placed_ingress_killed_under_load_loses_no_request(own_run, tmp_path, 
     assert measured["failed"] == 0, measured
 
 
+@pytest.mark.smoke  # CI: make chaos-smoke
 def test_jobs_survive_an_ingress_restart(chaos_run, figures):
     """Job state lives in the JobManager replica, not the ingress: a job submitted before the
     ingress dies is still there afterwards, keeps computing and its result can be read."""

@@ -13,6 +13,7 @@ import time
 import uuid
 
 import httpx
+import pytest
 
 from tests.redis_server import RedisServer
 
@@ -20,6 +21,7 @@ from .harness import ServeRun, wait_for
 from .test_jobs_restarts import RESUMED, _direct, _finished, _payload, _submit, _view, _wait_progress
 
 
+@pytest.mark.smoke  # CI: make chaos-smoke
 def test_jobs_in_redis_survive_a_redis_restart_and_a_job_manager_kill(own_run, tmp_path, figures):
     password = uuid.uuid4().hex + uuid.uuid4().hex
     secret = tmp_path / "redis-password"

@@ -17,6 +17,7 @@ import time
 import uuid
 
 import httpx
+import pytest
 
 from .harness import ServeRun, wait_for
 
@@ -81,6 +82,7 @@ def _wait_progress(http: httpx.Client, job_id: str, records: int) -> dict:
                     300, f"job {job_id} to compute {records} records", interval_s=0.1)
 
 
+@pytest.mark.smoke  # CI: make chaos-smoke
 def test_a_job_manager_killed_mid_job_resumes_after_its_stored_chunks(own_run, tmp_path, figures):
     run = ServeRun(tmp_path / "run")
     tag = uuid.uuid4().hex

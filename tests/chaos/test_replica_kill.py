@@ -14,6 +14,7 @@ import signal
 import time
 
 import httpx
+import pytest
 
 from .harness import deployment_details, deployment_replicas, wait_for
 from .helpers import Outcome, is_clean_error, post, start_while_computing, translation_body
@@ -24,6 +25,7 @@ CALLERS = 16
 RECORDS = 4
 
 
+@pytest.mark.smoke  # CI: make chaos-smoke
 def test_translator_killed_mid_batch(chaos_run, figures):
     run = chaos_run
     status, before = deployment_replicas(run, "Translator")

@@ -17,6 +17,7 @@ import statistics
 import time
 
 import httpx
+import pytest
 
 from .harness import ServeRun, serve_details, wait_for
 from .helpers import post, translation_body
@@ -62,6 +63,7 @@ async def _phase(url: str, flood_key: str, other_key: str) -> dict:
     return {kind: summary(found) for kind, found in outcomes.items()}
 
 
+@pytest.mark.smoke  # CI: make chaos-smoke
 def test_no_key_on_0_0_0_0_refuses_to_start(own_run, tmp_path, figures):
     run = ServeRun(tmp_path / "open", config="serve_config.placed.yaml")
     run.config["http_options"]["host"] = "0.0.0.0"

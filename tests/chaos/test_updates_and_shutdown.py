@@ -51,6 +51,7 @@ def _settled_replica_ids(run: ServeRun, deployment: str, seen: list, polls: int 
     return last[0] if len(last) == polls and last[0] and all(ids == last[0] for ids in last) else None
 
 
+@pytest.mark.smoke  # CI: make chaos-smoke
 def test_user_config_change_under_load_reconfigures_in_place(chaos_run, figures):
     run = chaos_run
     # Earlier tests on the shared run may have left the Translator scaling (seen through HAProxy,
@@ -86,6 +87,7 @@ def test_user_config_change_under_load_reconfigures_in_place(chaos_run, figures)
     run.config = config  # the run now serves this config
 
 
+@pytest.mark.smoke  # CI: make chaos-smoke
 def test_app_args_change_rolls_the_ingress_under_load(chaos_run, figures):
     run = chaos_run
     ingress_ids = running_replica_ids(run, "Ingress")
@@ -158,6 +160,7 @@ def test_stopping_serve_run_under_load(own_run, tmp_path, figures, sig):
     assert all(o.finished for o in in_flight)
 
 
+@pytest.mark.smoke  # CI: make chaos-smoke
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_make_run_launcher_stops_gracefully_under_load(own_run, tmp_path, figures, sig):
     """`make run` (python -m serve_app.run): on Ctrl-C / SIGTERM it drains the ingress first,

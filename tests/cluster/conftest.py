@@ -35,6 +35,13 @@ def pytest_configure(config):
     signal.signal(signal.SIGTERM, _interrupt)
 
 
+def pytest_collection_modifyitems(items):
+    # pytest-timeout (pyproject: 600 s) bounds set-up too: the first test also starts the cluster.
+    for item in items:
+        if "tests/cluster/" in str(item.fspath):
+            item.add_marker(pytest.mark.timeout(1200))
+
+
 def _interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 

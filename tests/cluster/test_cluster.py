@@ -38,6 +38,7 @@ def endpoints(cluster):
     service.stop()
 
 
+@pytest.mark.smoke  # CI: make cluster-smoke
 def test_every_worker_proxy_answers_and_the_head_holds_no_replica(cluster, endpoints, figures):
     assert sorted(endpoints.ready()) == sorted(cluster.serve_url(w) for w in cluster.workers)
     by_node = running_by_node(cluster)
@@ -53,6 +54,7 @@ def test_every_worker_proxy_answers_and_the_head_holds_no_replica(cluster, endpo
     figures["cluster_replicas_at_start"] = {k: dict(v) for k, v in by_node.items()}
 
 
+@pytest.mark.smoke  # CI: make cluster-smoke
 def test_a_worker_lost_under_load_then_rejoining(cluster, endpoints, figures):
     ready(cluster)
     by_node = running_by_node(cluster)
