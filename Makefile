@@ -73,8 +73,9 @@ check-config: install
 chaos: install-test
 	$(BIN)/python -m pytest tests/chaos
 
-## The chaos tests CI runs (marked smoke; ~8 min): replica and Ingress kills, the graceful stop,
-## jobs across restarts, the refusal to listen without a key, Ray's address record (issue 30).
+## The chaos tests CI runs (marked smoke; ~12 min): replica and Ingress kills, the graceful stop,
+## jobs across restarts and under a flood, the refusal to listen without a key, fair share between
+## keys, Ray's address record (issue 30).
 chaos-smoke: install-test
 	$(BIN)/python -m pytest tests/chaos -m smoke
 

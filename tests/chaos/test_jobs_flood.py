@@ -12,6 +12,7 @@ import uuid
 from collections import Counter
 
 import httpx
+import pytest
 
 from .harness import ServeRun, wait_for
 
@@ -38,6 +39,7 @@ def _embeddings(n: int, tag: str) -> dict:
                                                         for i in range(n)]}}
 
 
+@pytest.mark.smoke  # CI: make chaos-smoke
 def test_a_flood_of_large_jobs_is_refused_cleanly_and_memory_stays_bounded(own_run, tmp_path, figures):
     run = ServeRun(tmp_path / "run", args={"jobs": LIMITS},
                    env={"SERVE_APP_INGRESS_API_KEYS": f"{FLOOD_KEY},{OTHER_KEY}"})

@@ -121,6 +121,7 @@ def test_a_job_manager_killed_mid_job_resumes_after_its_stored_chunks(own_run, t
         "jobs_kept": 3, "duplicate_jobs_from_resubmission": 0}
 
 
+@pytest.mark.smoke  # CI: make chaos-smoke
 def test_make_run_stopped_and_started_again_keeps_every_job(own_run, tmp_path, figures):
     store = tmp_path / "data" / "jobs.sqlite3"
     env = {"SERVE_APP_JOBS_STORE_PATH": str(store)}

@@ -89,6 +89,7 @@ def test_no_key_on_0_0_0_0_refuses_to_start(own_run, tmp_path, figures):
         run.stop()
 
 
+@pytest.mark.smoke  # CI: make chaos-smoke
 def test_fair_share_rotation_and_scrubbed_readyz(own_run, tmp_path, figures):
     keys = tmp_path / "keys"
     keys.write_text(f"{KEY_A}\n{KEY_B}\n")
