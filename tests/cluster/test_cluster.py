@@ -250,11 +250,17 @@ def test_the_head_restarted_with_gcs_fault_tolerance(cluster, endpoints, figures
     before_config = {name: d["deployment_config"] for name, d in deployments(cluster).items()}
     above_minimum = {name: len(ids) for name, ids in before_ids.items()
                      if len(ids) > minimum_replicas(before_config[name])}
+    # Jobs live in Redis on clusters (issue 21): one finished before the head is lost, one running across it.
+    jobs = {"finished": (submit_job(endpoints.ready(), cluster.api_key, job_payload(20, "before-head"),
+                                    key=uuid.uuid4().hex), 20, "before-head")}
+    finished_job(endpoints.ready, cluster.api_key, jobs["finished"][0], 120)
     with Load(endpoints, cluster.api_key, clients=8) as load:
         load.wait_answers(20, 60)
         if above_minimum:  # the ramp's replicas: the autoscaler stops some once its downscale_delay_s passed
             wait_for(lambda: stopping(cluster), 240, f"a downscale of {above_minimum} to begin", 0.5)
         stopping_at_kill = stopping(cluster) if above_minimum else {}
+        jobs["across"] = (submit_job(endpoints.ready(), cluster.api_key, job_payload(300, "across-head"),
+                                     key=uuid.uuid4().hex), 300, "across-head")
         down_at = time.monotonic()
         cluster.kill_node(cluster.head)
         # The head is away for a while, as a pod being rescheduled: the workers keep answering.
@@ -269,17 +275,23 @@ def test_the_head_restarted_with_gcs_fault_tolerance(cluster, endpoints, figures
     after_ids = replica_ids(cluster)
     after_config = {name: d["deployment_config"] for name, d in deployments(cluster).items()}
     outage_summary = summarize(outage)
+    jobs_after = {name: finished_job(endpoints.ready, cluster.api_key, job_id, 240) for name, (job_id, _, _) in jobs.items()}
     figures["cluster_head_restart"] = {
         "above_minimum_before": above_minimum, "stopping_at_kill": stopping_at_kill,
         "restarted_controller": controller_recovery(cluster),
         "answered_during_outage": outage_summary["statuses"].get("200", 0),
         "head_back_and_serve_running_s": round(back_s, 1), "outage": outage_summary,
         "whole": summarize(requests),
-        "replicas_kept": {k: len(before_ids[k] & after_ids.get(k, set())) for k in before_ids}}
+        "replicas_kept": {k: len(before_ids[k] & after_ids.get(k, set())) for k in before_ids},
+        "jobs_after_the_restart": {name: job["status"] for name, job in jobs_after.items()}}
     print(figures["cluster_head_restart"])
     assert not [r for r in requests if not r.ok], summarize(requests)
     assert outage_summary["statuses"].get("200", 0) >= 40
     assert after_config == before_config
+    for name, (_, records, tag) in jobs.items():
+        job = jobs_after[name]
+        assert job["status"] == "succeeded", (name, job.get("error"))
+        assert [r["id"] for r in job["result"]["result"]] == [f"{tag}-{i}" for i in range(records)], name
     for name in ("Ingress", "Translator", "Embedder"):
         # GCS fault tolerance keeps the workers' replicas: some of each survive, even mid-downscale. In CI
         # without downscaling_factor the Embedder went from 6 to 2 as the head died, the recovering
