@@ -17,7 +17,7 @@ from .errors import Overloaded, ShuttingDown
 class DrainState:
     """Model requests in flight on this ingress replica, and whether it is draining.
 
-    Module-level (not on the middleware instance) so that `Ingress.drain()` sees the
+    Module-level (not on the middleware instance) so that `Ingress._drain()` sees the
     same counter the middleware keeps: Serve pickles the app, but this module is
     imported, not copied, in the replica.
     """

@@ -101,3 +101,10 @@ def stop_session_serve() -> Optional[int]:
     except ProcessLookupError:
         pass
     return proc.returncode
+
+
+def session_pids(leader: int) -> list[int]:
+    """PIDs of the processes in the session `leader` started (start_new_session=True), itself excluded:
+    the Ray processes a `serve run` or `ray start` left, each in a process group of its own."""
+    out = subprocess.run(["ps", "-eo", "pid=,sid="], capture_output=True, text=True).stdout
+    return [int(p) for p, s in (line.split() for line in out.splitlines()) if int(s) == leader and int(p) != leader]

@@ -23,7 +23,7 @@ import yaml
 
 from serve_app.proxy import proxy_environment
 from serve_app.run import lean_serve_environment
-from tests.support import deep_update, metric_sum, scrape, wait_for  # noqa: F401 (re-exported to the chaos tests)
+from tests.support import deep_update, metric_sum, scrape, session_pids, wait_for  # noqa: F401 (re-exported to the chaos tests)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -149,11 +149,7 @@ class ServeRun:
     # -- what runs where --------------------------------------------------------------------
     def session_pids(self) -> list[int]:
         """PIDs in this run's session (serve run started it: session id == its PID)."""
-        if self.proc is None:
-            return []
-        out = subprocess.run(["ps", "-eo", "pid=,sid="], capture_output=True, text=True).stdout
-        return [int(p) for p, s in (line.split() for line in out.splitlines())
-                if int(s) == self.proc.pid and int(p) != self.proc.pid]
+        return [] if self.proc is None else session_pids(self.proc.pid)
 
     def replica_pids(self, deployment: str) -> list[int]:
         """PIDs of this run's live replicas of `deployment` (by their Ray process title)."""

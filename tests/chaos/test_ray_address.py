@@ -25,6 +25,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support import session_pids
+
 from .harness import ROOT, ServeRun, free_port, wait_for
 
 RECORD = "ray_current_cluster"
@@ -70,11 +72,6 @@ def test_a_dead_clusters_record_does_not_stop_make_run(own_run, ray_tmpdir, tmp_
     print(outcome)
 
 
-def _session_pids(leader: int) -> list[int]:
-    out = subprocess.run(["ps", "-eo", "pid=,sid="], capture_output=True, text=True).stdout
-    return [int(p) for p, s in (line.split() for line in out.splitlines()) if int(s) == leader]
-
-
 def _named_actors(address: str, env: dict) -> list[str]:
     probe = ("import json, ray; ray.init(address=%r, logging_level='ERROR'); "
              "print(json.dumps(sorted(a['name'] for a in ray.util.list_named_actors(all_namespaces=True))))" % address)
@@ -104,7 +101,7 @@ def test_a_live_foreign_cluster_is_not_joined_by_make_run(own_run, ray_tmpdir, t
         print(figures["make_run_with_a_live_foreign_record"])
         assert not any("SERVE" in name.upper() for name in actors), actors
     finally:
-        for pid in _session_pids(foreign.pid):
+        for pid in [foreign.pid, *session_pids(foreign.pid)]:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
