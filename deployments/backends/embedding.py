@@ -84,6 +84,9 @@ class SentenceEmbedder(EmbedderBase):
             self._model = AutoModel.from_pretrained(self.model_path, local_files_only=True).to(device).eval()
         except Exception as exc:
             raise ModelLoadError(f"could not load embedding model from {self.model_path}: {exc}") from exc
+        from .hf_loading import avoid_per_shape_attention_plans
+
+        avoid_per_shape_attention_plans(device)  # every batch is padded to a new width
         self.max_seq_tokens = min(int(max_seq_tokens), int(self._model.config.max_position_embeddings))
         self.dimensions = int(self._model.config.hidden_size)
         self._torch = torch

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from deployments.backends.base import BackendError, LanguagePair, ModelLoadError
-from deployments.backends.hf_loading import resolve_device, resolve_dtype
+from deployments.backends.hf_loading import avoid_per_shape_attention_plans, resolve_device, resolve_dtype
 from deployments.backends.languages import ISO_TO_FLORES, pair_from_model_name, parse_language_pair
 from deployments.backends.transformers_backend import TransformersBackend
 
@@ -414,6 +414,15 @@ def test_auto_device_and_dtype_without_cuda(monkeypatch):
     assert resolve_dtype("auto", device) == torch.float32
     with pytest.raises(BackendError):
         resolve_device("cuda")
+
+
+@pytest.mark.parametrize("device, calls", [("cuda", [False]), ("cuda:1", [False]), ("cpu", [])])
+def test_cudnn_attention_is_turned_off_on_cuda_only(monkeypatch, device, calls):
+    """cuDNN's attention builds a plan per new shape, and decoding meets one per step (bench/gpu/step_probe.py)."""
+    seen = []
+    monkeypatch.setattr(torch.backends.cuda, "enable_cudnn_sdp", seen.append)
+    avoid_per_shape_attention_plans(device)
+    assert seen == calls
 
 
 def test_explicit_dtypes_and_bad_values():
