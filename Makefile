@@ -12,7 +12,7 @@ TORCH_SPEC ?= torch==2.13.0
 CHECKOV_SPEC ?= checkov==3.3.30
 export RAY_USAGE_STATS_ENABLED ?= 0
 
-.PHONY: lock bench bench-smoke bench-gpu chaos chaos-smoke cluster cluster-test cluster-smoke load status run test install install-test unit integration check-config render-configs check-rendered deploy-test clean
+.PHONY: lock bench bench-smoke bench-gpu bench-gpu-engines chaos chaos-smoke cluster cluster-test cluster-smoke load status run test install install-test unit integration check-config render-configs check-rendered deploy-test clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -182,6 +182,11 @@ BENCH_GPU_OUT ?= reports/gpu
 BENCH_GPU_ARGS ?=
 bench-gpu: $(VENV)/.installed-bench
 	$(BIN)/python -m bench.gpu --out $(BENCH_GPU_OUT) $(BENCH_GPU_ARGS)
+
+## Static vs service_streamer vs continuous batching, engine against engine, no Ray (bench/gpu/engines.py; ~2.5 min
+## on an H200): $(BENCH_GPU_OUT)/engines.{json,png}. BENCH_GPU_ARGS="--device cpu --tiny" on a CPU box.
+bench-gpu-engines: $(VENV)/.installed-bench
+	$(BIN)/python -m bench.gpu.engines --out $(BENCH_GPU_OUT) --streamer $(BENCH_GPU_ARGS)
 
 ## Serve's view of the running app (replica states) through the dashboard at RAY_DASHBOARD_ADDRESS:
 ## `make run`'s by default; `make status RAY_DASHBOARD_ADDRESS=http://<head>:8265` for a cluster's.

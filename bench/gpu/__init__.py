@@ -19,6 +19,13 @@ runs out of time is reported, and the next one still runs):
   (saturation, p50/p99 at half load, p50 over solo time) and on the fixed-length workload.
 * ``serve-continuous``: the Serve run again with `scheduling: continuous`, if time is left.
 
+Two tools beside the phases, each `--out DIR`, runnable where Ray is not installed:
+
+* ``python -m bench.gpu.step_probe``: where a decoder step's time goes (wall, kernel time, top ops by
+  device and CPU time), continuous and static, on batches shaped like each workload.
+* ``python -m bench.gpu.engines`` (`make bench-gpu-engines`): static batching, service_streamer and
+  continuous batching engine against engine on the same backend, latency against load.
+
 Results: DIR/results.json, DIR/results.md, DIR/results.png (report.py; `--plot DIR/results.json` draws
 the PNG elsewhere when matplotlib is missing). `--device cpu --tiny` runs the same flow on a CPU box
 with the tiny M2M100 test fixture.

@@ -14,8 +14,9 @@ machine here has no Ray. This drives the two engines directly, one worker each, 
 
 Workloads: the length mix of bench/gpu/continuous.py (the same texts, draws and seeds) and a fixed one
 (make bench's sentences, `--fixed-tokens` each). Cells: saturation (closed loop), Poisson arrivals at
-half of each engine's own saturation and (continuous) at static's half rate; latency counts from the
-arrival. `p50_over_solo`: the median of each request's latency over its sentence's own solo decode.
+0.25, 0.5 and 0.8 x each engine's own saturation (the fixed workload: 0.5) and, for the others, at
+static's half rate; latency counts from the arrival. `--streamer` adds service_streamer's
+ThreadedStreamer (issue 25's reference peer) in front of the same backend. `p50_over_solo`: the median of each request's latency over its sentence's own solo decode.
 DIR/engines.json holds every cell.
 """
 
@@ -77,6 +78,25 @@ class StaticEngine:
                 continue
             for (_, future), text in zip(batch, out):
                 future.set_result(text)
+
+
+class StreamerEngine:
+    """service_streamer's ThreadedStreamer (`batch`, `max_latency` = `wait_s`) in front of
+    `backend.translate`, as its README shows; each request from a thread of its own, as Flask would run
+    it, waiting on its future without the library's 20 s limit (deep queues would fail it)."""
+
+    def __init__(self, backend, batch: int, wait_s: float):
+        from service_streamer import ThreadedStreamer
+
+        self.streamer = ThreadedStreamer(lambda texts: backend.translate(texts, SOURCE, TARGET), batch, wait_s)
+        self._pool = ThreadPoolExecutor(256, thread_name_prefix="streamer-client")
+
+    async def close(self) -> None:
+        self._pool.shutdown()
+
+    async def translate(self, text: str) -> str:
+        return await asyncio.get_running_loop().run_in_executor(
+            self._pool, lambda: self.streamer.submit([text]).result(None)[0])
 
 
 class ContinuousEngine:
@@ -156,7 +176,9 @@ async def open_loop(engine, texts: list[str], rate: float, seed: int, solo: dict
 
 
 def workload(loop, engines: dict, texts: list[str], clients: int, saturation_requests: int, solo: dict,
-             at_static_half: bool) -> dict:
+             loads: tuple[float, ...], at_static_half: bool) -> dict:
+    """Saturation of each engine, then Poisson arrivals at each of `loads` x its own saturation (at least
+    64 requests or 6 s of arrivals) and, with `at_static_half`, at static's half rate."""
     cells: dict = {}
     sat_texts = (texts * (saturation_requests // len(texts) + 1))[:saturation_requests]
     for name, engine in engines.items():
@@ -166,16 +188,40 @@ def workload(loop, engines: dict, texts: list[str], clients: int, saturation_req
         if isinstance(engine, ContinuousEngine):
             cells[name]["saturation"]["steps"] = engine.step_figures(since)
         say(f"  {name} saturation {cells[name]['saturation']}")
+    rates = {name: [(f"load_{load}", load * cell["saturation"]["records_per_s"]) for load in loads]
+             for name, cell in cells.items()}
+    if at_static_half and "static" in cells:
+        for name in cells:
+            if name != "static":
+                rates[name].append(("at_static_half", cells["static"]["saturation"]["records_per_s"] / 2))
     for name, engine in engines.items():
-        rate = cells[name]["saturation"]["records_per_s"] / 2
-        cells[name]["half"] = loop.run_until_complete(open_loop(engine, texts, rate, SEED + 2, solo))
-        say(f"  {name} at half its saturation {cells[name]['half']}")
-        if at_static_half and name != "static" and "static" in cells:
-            static_rate = cells["static"]["saturation"]["records_per_s"] / 2
-            cells[name]["at_static_half"] = loop.run_until_complete(
-                open_loop(engine, texts, static_rate, SEED + 2, solo))
-            say(f"  {name} at static's half rate {cells[name]['at_static_half']}")
+        for label, rate in rates[name]:
+            count = min(len(texts), max(64, round(6 * rate)))
+            cells[name][label] = loop.run_until_complete(open_loop(engine, texts[:count], rate, SEED + 2, solo))
+            say(f"  {name} {label} {cells[name][label]}")
     return cells
+
+
+def plot(report: dict, path: Path) -> None:
+    """p50 and p99 latency against offered load, one line per engine, the length mix."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharex=True)
+    for name, cell in report["length_mix"]["cells"].items():
+        points = sorted((c["offered_per_s"], c["p50_s"], c["p99_s"]) for k, c in cell.items() if k.startswith("load_"))
+        for axis, index, label in ((axes[0], 1, "p50"), (axes[1], 2, "p99")):
+            axis.plot([p[0] for p in points], [p[index] for p in points], marker="o", label=name)
+            axis.set_title(f"{label} latency, length mix ({report['device']}, {report['model']})", fontsize=9)
+    for axis in axes:
+        axis.set_xlabel("offered requests/s (0.25, 0.5, 0.8 x each engine's saturation)")
+        axis.set_ylabel("seconds")
+        axis.set_yscale("log")
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 def main() -> None:
@@ -188,8 +234,15 @@ def main() -> None:
     parser.add_argument("--wait-s", type=float, default=0.02)
     parser.add_argument("--fixed-tokens", type=int, default=32)
     parser.add_argument("--solo", type=int, default=48, help="sentences whose solo decode is timed")
-    parser.add_argument("--join-interval-steps", type=int, default=1)
+    parser.add_argument("--join-interval-steps", type=int, default=1,
+                        help="> 1: also a continuous engine joining every N steps")
+    parser.add_argument("--streamer", action="store_true", help="also service_streamer (its package installed)")
+    parser.add_argument("--plot", type=Path, help="only draw DIR/engines.png from this engines.json")
     args = parser.parse_args()
+    if args.plot:
+        args.out.mkdir(parents=True, exist_ok=True)
+        plot(json.loads(args.plot.read_text()), args.out / "engines.png")
+        return
     from bench.gpu.models import build_m2m100_sized, build_tiny_m2m100
     from bench.load import POOL
 
@@ -205,8 +258,10 @@ def main() -> None:
         start = time.perf_counter()
         out = backend.translate([text], SOURCE, TARGET)[0]
         solo[text] = (time.perf_counter() - start, out)
-    engines = {"static": StaticEngine(backend, args.batch, args.wait_s),
-               "continuous": ContinuousEngine(backend, args.batch)}
+    engines = {"static": StaticEngine(backend, args.batch, args.wait_s)}
+    if args.streamer:
+        engines["service_streamer"] = StreamerEngine(backend, args.batch, args.wait_s)
+    engines["continuous"] = ContinuousEngine(backend, args.batch)
     if args.join_interval_steps > 1:
         engines[f"continuous-join{args.join_interval_steps}"] = ContinuousEngine(backend, args.batch,
                                                                                 args.join_interval_steps)
@@ -222,14 +277,16 @@ def main() -> None:
     loop = asyncio.new_event_loop()
     args.out.mkdir(parents=True, exist_ok=True)
     say("length mix")
-    report["length_mix"]["cells"] = workload(loop, engines, texts, args.batch, 3 * len(texts) // 2, solo, True)
+    report["length_mix"]["cells"] = workload(loop, engines, texts, args.batch, 3 * len(texts) // 2, solo,
+                                             (0.25, 0.5, 0.8), True)
     (args.out / "engines.json").write_text(json.dumps(report, indent=1))
     say(f"fixed, {args.fixed_tokens} tokens")
     fixed = (list(POOL) * (args.records // len(POOL) + 1))[:args.records]
     report["fixed"] = {"tokens": args.fixed_tokens,
-                       "cells": workload(loop, engines, fixed, args.batch, 2 * len(fixed), solo, False)}
+                       "cells": workload(loop, engines, fixed, args.batch, 2 * len(fixed), solo, (0.5,), False)}
     report["wall_s"] = round(time.perf_counter() - began, 1)
     (args.out / "engines.json").write_text(json.dumps(report, indent=1))
+    plot(report, args.out / "engines.png")
     for engine in engines.values():
         loop.run_until_complete(engine.close())
     say(f"done in {report['wall_s']} s")

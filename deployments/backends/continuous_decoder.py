@@ -138,16 +138,15 @@ class ContinuousDecoder:
                           attn.v_proj(states).view(shape).transpose(1, 2)))
         if not self._rows:
             self._cross_kv, self._enc_mask = cross, mask
-        else:
+        else:  # on a GPU every op is a kernel launch, the step's real cost: none for padding of width 0
             width = max(self._enc_mask.shape[1], mask.shape[1])
-            pad = lambda t: F.pad(t, (0, 0, 0, width - t.shape[2]))  # noqa: E731 - (rows, heads, S, dim)
+            pad = lambda t: t if t.shape[-2] == width else F.pad(t, (0, 0, 0, width - t.shape[-2]))  # noqa: E731
             self._cross_kv = [(torch.cat([pad(k0), pad(k1)]), torch.cat([pad(v0), pad(v1)]))
                               for (k0, v0), (k1, v1) in zip(self._cross_kv, cross)]
-            self._enc_mask = torch.cat([F.pad(self._enc_mask, (0, width - self._enc_mask.shape[1])),
-                                        F.pad(mask, (0, width - mask.shape[1]))])
-            if self._self_kv[0] is not None:
-                def widen(t: torch.Tensor) -> torch.Tensor:
-                    return torch.cat([t, t.new_zeros((len(requests),) + tuple(t.shape[1:]))])
+            columns = lambda m: m if m.shape[1] == width else F.pad(m, (0, width - m.shape[1]))  # noqa: E731
+            self._enc_mask = torch.cat([columns(self._enc_mask), columns(mask)])
+            if self._self_kv[0] is not None:  # the joiners' rows: zero (masked) columns, one op per tensor
+                widen = lambda t: F.pad(t, (0, 0, 0, 0, 0, 0, 0, len(requests)))  # noqa: E731
                 self._self_kv = [(widen(k), widen(v)) for k, v in self._self_kv]
         self._rows += [_Row(r, [self.start_id]) for r in requests]
 
