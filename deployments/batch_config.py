@@ -35,6 +35,13 @@ class BatchConfig(BaseModel):
         "far less per record than a small one on a slow model. Bounds the throughput spent waiting to "
         "this fraction; a model idle longer than that starts at once. 0 turns it off.",
     )
+    skip_batch_wait_when_alone: bool = Field(
+        True,
+        description="A call that is alone on the replica (no other interactive call in flight, the model "
+        "idle, and each of its last 8 batches one call) goes to the model at once instead of waiting "
+        "batch_wait_timeout_s for company that is not coming: a lone client's latency without the wait. "
+        "Calls that arrive together still batch. false: every call waits.",
+    )
     background_max_batch_size: Optional[int] = Field(
         None, ge=1, le=4096,
         description="Most records in one batch of job work (POST /jobs; the low-priority queue). An "

@@ -19,6 +19,9 @@ from .priority import Priority
 
 logger = logging.getLogger("ray.serve")
 
+#: Batches `ModelQueue.alone` looks back on.
+RECENT_BATCHES = 8
+
 #: What a batch computation returns for one of its calls: the call's output or the exception it gets.
 Compute = Callable[[list], list]
 
@@ -75,6 +78,9 @@ class ModelQueue:
         self.fill_wait_fraction = fill_wait_fraction
         self._last_batch_s = 0.0
         self._last_batch_end = 0.0
+        self._running = False  # a batch is computing
+        #: calls in each of the last batches: all 1 means nothing has come in together lately
+        self._recent_calls: deque[int] = deque(maxlen=RECENT_BATCHES)
         self._thread = threading.Thread(target=self._work, name=name, daemon=True)
         self._thread.start()
 
@@ -95,6 +101,13 @@ class ModelQueue:
         with self._ready:
             counts = {p: sum(not e.future.cancelled() for e in q) for p, q in self._waiting.items()}
             return {p: n for p, n in counts.items() if n}
+
+    def alone(self) -> bool:
+        """Nothing computing, nothing waiting, and each of the last `RECENT_BATCHES` batches was one call:
+        a call now has no company coming, so waiting for a batch to fill would only add latency."""
+        with self._ready:
+            return (not self._running and all(n == 1 for n in self._recent_calls)
+                    and not any(not e.future.cancelled() for q in self._waiting.values() for e in q))
 
     def shutdown(self) -> None:
         with self._ready:
@@ -163,9 +176,15 @@ class ModelQueue:
                     if batch or self._closed:
                         break
                     self._ready.wait()
+                self._running = bool(batch)
             if not batch:
                 return
-            self._run(priority, batch)
+            try:
+                self._run(priority, batch)
+            finally:
+                with self._ready:
+                    self._running = False
+                    self._recent_calls.append(len(batch))
 
     def _run(self, priority: int, batch: list[_Entry]) -> None:
         records = sum(e.records for e in batch)

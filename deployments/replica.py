@@ -75,7 +75,7 @@ class _TrackedBatchMethod:
         # Shielded: a call cancelled in Serve's intake may already have been handed to the model queue
         # (its batch ran, this coroutine not yet resumed); the intake then finishes and the call is
         # dropped from the model queue there, so that a record is counted either computed or dropped.
-        intake = asyncio.ensure_future(self._method(item))
+        intake = asyncio.ensure_future(self._intake(item))
         try:
             queued = await asyncio.shield(intake)
             output, batch_records, started_at = await asyncio.wrap_future(queued)
@@ -90,6 +90,17 @@ class _TrackedBatchMethod:
         finally:
             if interactive:
                 replica.interactive.leave()
+
+    async def _intake(self, item: Any) -> Future:
+        """Through `@serve.batch`, or, for an interactive call alone on the replica, straight to the
+        model queue as a batch of one (`skip_batch_wait_when_alone`). One loop turn first: calls that
+        arrived together are all counted by then, and batch as before."""
+        replica = self._replica
+        if self._priority == Priority.INTERACTIVE and replica.batch_config.skip_batch_wait_when_alone:
+            await asyncio.sleep(0)
+            if replica.interactive.calls == 1 and replica._model_thread.alone():
+                return (await self._method.__wrapped__(replica, [item]))[0]
+        return await self._method(item)
 
     def _drop(self, intake: "asyncio.Future[Future]", records: int) -> None:
         """A call cancelled in the intake, once the intake is done: dropped unless its batch started."""

@@ -103,16 +103,20 @@ def write_serve_app_config(workload: str, port: int, out: Path, tree: Path = ROO
     return out
 
 
-def _serve_app_start(config: str) -> Callable[[str, int, Path], list[str]]:
-    """argv of `make run CONFIG=<config>` for a workload: the launcher on the bench's copy of `config`."""
+def _serve_app_start(config: str, deployments: dict | None = None) -> Callable[[str, int, Path], list[str]]:
+    """argv of `make run CONFIG=<config>` for a workload: the launcher on the bench's copy of `config`
+    (with `deployments` merged in, see write_serve_app_config)."""
     def argv(workload: str, port: int, scratch: Path) -> list[str]:
-        written = write_serve_app_config(workload, port, scratch / config, config=config)
+        written = write_serve_app_config(workload, port, scratch / config, config=config, deployments=deployments)
         return [str(MAIN_PYTHON), "-m", "serve_app.run", str(written)]
     return argv
 
 
 _serve_app_argv = _serve_app_start("serve_config.yaml")
 _serve_app_placed_argv = _serve_app_start("serve_config.placed.yaml")
+#: make run's start with every call waiting batch_wait_timeout_s, as before skip_batch_wait_when_alone
+_serve_app_placed_waits_argv = _serve_app_start("serve_config.placed.yaml", {"Ingress": {"user_config": {
+    model: {"skip_batch_wait_when_alone": False} for model in ("Translator", "Embedder")}}})
 
 
 CONTENDERS: tuple[Contender, ...] = (
@@ -149,6 +153,11 @@ CONTENDERS: tuple[Contender, ...] = (
     # request crosses no Ray call between processes; the Ingress autoscales 1-2 replicas like the models of cpu.
     Contender("serve_app_placed", "serve-app as `make run` starts it (serve_config.placed.yaml)",
               _serve_app_placed_argv, info_path="/v1/models", env=lambda workload: {"SERVE_APP_DRAIN_TIMEOUT_S": "2"},
+              settle_s=45.0),
+    # The same with every call waiting batch_wait_timeout_s (10 ms) for company, alone or not: the A/B of
+    # skip_batch_wait_when_alone (docs/configuration.md).
+    Contender("serve_app_placed_waits", "serve-app as `make run` starts it, lone calls wait (skip_batch_wait_when_alone: false)",
+              _serve_app_placed_waits_argv, info_path="/v1/models", env=lambda workload: {"SERVE_APP_DRAIN_TIMEOUT_S": "2"},
               settle_s=45.0),
     # The same with `embeddings.engine: onnx` (ONNX Runtime). Its export is kept in ~/.cache/serve-app/onnx: the
     # first start on a machine makes it (~25 s more to the first answer), later ones load it.

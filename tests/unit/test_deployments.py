@@ -171,7 +171,8 @@ def _tracked(intake):
     from deployments.replica import _TrackedBatchMethod
 
     replica = SimpleNamespace(_stats={"enqueued": 0, "cancelled": 0}, metrics=_CountingMetrics(),
-                              interactive=InteractiveGate())
+                              interactive=InteractiveGate(),
+                              batch_config=SimpleNamespace(skip_batch_wait_when_alone=False))
     return _TrackedBatchMethod(replica, intake), replica
 
 

@@ -1,0 +1,83 @@
+"""A call alone on a replica skips `batch_wait_timeout_s` (`skip_batch_wait_when_alone`); calls that
+arrive together, or while others were batching lately, still go through `@serve.batch`."""
+
+import asyncio
+
+from deployments.batching import Chunk
+from deployments.model_queue import RECENT_BATCHES, ModelQueue
+
+from .test_deployments import translator  # noqa: F401 - the fixture
+from .test_priority import _blocked_queue, _run
+
+
+def test_the_model_queue_is_alone_only_when_idle_empty_and_lately_without_company():
+    idle = ModelQueue("idle")
+    assert idle.alone()
+    idle.shutdown()
+    queue, gate, first = _blocked_queue()
+    try:
+        assert not queue.alone()  # computing
+        waiting = queue.submit(_run, lambda: "w1", cap=8)
+        assert not queue.alone()
+        queue.submit(_run, lambda: "w2", cap=8)  # joins "w1": the next batch is 2 calls
+        gate.set()
+        assert first.result(10)[0] == "blocker" and waiting.result(10)[1] == 2
+        for i in range(RECENT_BATCHES):
+            assert not queue.alone()  # a 2-call batch is among the last ones
+            queue.submit(_run, lambda: i).result(10)
+        assert queue.alone()
+    finally:
+        queue.shutdown()
+
+
+class _ServeBatchSpy:
+    """Stands for a replica's `@serve.batch` method: counts the calls that went through it."""
+
+    def __init__(self, method):
+        self.method, self.calls = method, 0
+        self.__wrapped__ = method.__wrapped__
+
+    def __getattr__(self, name):
+        return getattr(self.method, name)
+
+    async def __call__(self, item):
+        self.calls += 1
+        return await self.method(item)
+
+
+def _spy(replica) -> _ServeBatchSpy:
+    tracked = replica._translate_batch
+    tracked._method = _ServeBatchSpy(tracked._method)
+    return tracked._method
+
+
+def test_a_lone_call_goes_to_the_model_without_the_batch_wait(translator, loop):  # noqa: F811
+    replica, backend = translator
+    replica.reconfigure({"max_batch_size": 8, "batch_wait_timeout_s": 10.0})
+    spy = _spy(replica)
+    texts, size = loop.run_until_complete(asyncio.wait_for(replica.translate(Chunk("en", "pt", ["a"])), 9))
+    assert (texts, size, spy.calls) == (["pt:a"], 1, 0)
+    assert backend.batches == [("en", "pt", ["a"])]
+
+
+def test_calls_that_arrive_together_still_batch(translator, loop):  # noqa: F811
+    replica, backend = translator
+    spy = _spy(replica)
+
+    async def go():
+        return await asyncio.gather(*(replica.translate(Chunk("en", "pt", [t])) for t in "abc"))
+
+    results = loop.run_until_complete(go())
+    assert spy.calls == 3 and {size for _, size in results} == {3}
+    assert backend.batches == [("en", "pt", ["a", "b", "c"])]
+    # the batch of 3 calls is recent company: the next lone call waits for more, as before
+    loop.run_until_complete(replica.translate(Chunk("en", "pt", ["d"])))
+    assert spy.calls == 4
+
+
+def test_turned_off_every_call_goes_through_the_batch_queue(translator, loop):  # noqa: F811
+    replica, backend = translator
+    replica.reconfigure({"max_batch_size": 8, "batch_wait_timeout_s": 0.01, "skip_batch_wait_when_alone": False})
+    spy = _spy(replica)
+    loop.run_until_complete(replica.translate(Chunk("en", "pt", ["a"])))
+    assert spy.calls == 1 and backend.batches == [("en", "pt", ["a"])]
