@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import tempfile
@@ -22,12 +23,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from bench.compare import load, report, stats
-from bench.compare.contenders import CONTENDERS, MAIN_PYTHON, OFFLINE, Contender, contender_env
+from bench.compare.contenders import CONTENDERS, MAIN_PYTHON, OFFLINE, Contender, import_missing, contender_env
 from bench.compare.machine import describe_machine, source_revision
 from bench.compare.procs import Server, ServerFailed
 from bench.compare.profiles import PROFILES, Profile
 from bench.load import POOL
-from bench.peers.models import ROOT, WORKLOADS, project_batching
+from bench.compare.peer_targets import ONNX_SUFFIX
+from bench.peers.models import ENGINE_ENV, ROOT, WORKLOADS, project_batching
 
 WARMUP_CONCURRENCY = 8
 
@@ -36,10 +38,12 @@ def log(message: str) -> None:
     print(f"[bench {datetime.now(timezone.utc):%H:%M:%S}] {message}", flush=True)
 
 
-def run_offline(workload: str, profile: Profile) -> dict:
+def run_offline(workload: str, profile: Profile, engine: str = "torch") -> dict:
+    """The model alone, batch sizes 1..128 (bench.peers.offline); embeddings on `engine`."""
+    env = dict(os.environ, **{ENGINE_ENV: engine})
     done = subprocess.run([str(MAIN_PYTHON), "-m", "bench.peers.offline", "--workload", workload,
                            "--seconds", str(profile.offline_s), "--json"],
-                          cwd=ROOT, capture_output=True, text=True, check=True)
+                          cwd=ROOT, capture_output=True, text=True, check=True, env=env)
     result = json.loads(done.stdout.strip().splitlines()[-1])
     batches = {int(k): v for k, v in result["batches"].items()}
     full = project_batching(workload)[0]
@@ -188,6 +192,11 @@ def main() -> None:
             results["wall_s"][f"{OFFLINE}/{workload}"] = round(time.monotonic() - t0, 1)
             log(f"offline {workload}: {results['offline'][workload]['records_per_s']} rec/s "
                 f"(batch {results['offline'][workload]['best_batch']})")
+            if workload == "embeddings" and not import_missing("onnxruntime")():
+                # make run serves embeddings on ONNX Runtime: its own offline limit and batch of 1
+                onnx = results["offline"][f"{workload}{ONNX_SUFFIX}"] = run_offline(workload, profile, "onnx")
+                log(f"offline {workload} (onnx): {onnx['records_per_s']} rec/s (batch {onnx['best_batch']}), "
+                    f"batch of 1 {onnx['batches'][1]['batch_s'] * 1000:.2f} ms")
             for contender in chosen:
                 reason = contender.unavailable_for(workload)
                 if reason:

@@ -74,7 +74,7 @@ def _infinity_missing() -> str | None:
     return None
 
 
-def _import_missing(module: str) -> Callable[[], str | None]:
+def import_missing(module: str) -> Callable[[], str | None]:
     def check() -> str | None:
         done = subprocess.run([str(MAIN_PYTHON), "-c", f"import {module}"], capture_output=True, text=True)
         return None if done.returncode == 0 else done.stderr.strip().splitlines()[-1]
@@ -122,16 +122,20 @@ _serve_app_placed_waits_argv = _serve_app_start("serve_config.placed.yaml", {"In
 CONTENDERS: tuple[Contender, ...] = (
     Contender("naive", "Naive FastAPI", _peer("bench.peers.naive")),
     Contender("service_streamer", "service_streamer", _peer("bench.peers.streamer"),
-              unavailable=_import_missing("service_streamer")),
-    Contender("mlpool", "MLPool", _peer("bench.peers.mlpool_peer"), unavailable=_import_missing("ml_pool")),
+              unavailable=import_missing("service_streamer")),
+    Contender("mlpool", "MLPool", _peer("bench.peers.mlpool_peer"), unavailable=import_missing("ml_pool")),
     Contender("bentoml", "BentoML", _bentoml_argv, body_kind="texts", unavailable=_bentoml_missing,
               env=lambda workload: {"BENCH_WORKLOAD": workload, "BENTOML_DO_NOT_TRACK": "True",
                                     "BENTOML_HOME": str(ROOT / ".bench-venvs" / "bentoml-home")}),
     # The dedicated batching servers (issue 24), each with serve-app's batch cap and wait.
     Contender("mosec", "mosec", _peer("bench.peers.mosec_peer"), ready_path="/",
-              unavailable=_import_missing("mosec")),
+              unavailable=import_missing("mosec")),
     Contender("litserve", "LitServe", _peer("bench.peers.litserve_peer"), ready_path="/health",
-              unavailable=_import_missing("litserve")),
+              unavailable=import_missing("litserve")),
+    # mosec with the model on ONNX Runtime, the engine `make run` serves embeddings on: the same model code.
+    Contender("mosec_onnx", "mosec, embeddings on ONNX Runtime", _peer("bench.peers.mosec_peer"), ready_path="/",
+              unavailable=import_missing("mosec"), workloads=("embeddings",),
+              env=lambda workload: {"BENCH_EMBEDDINGS_ENGINE": "onnx"}),
     # Embedding models only; its own venv (.bench-venvs/infinity); the torch engine (bench/peers/infinity_peer.py).
     Contender("infinity", "Infinity (torch engine)", _infinity_argv, ready_path="/health", info_path="/models",
               unavailable=_infinity_missing, workloads=("embeddings",),
@@ -164,7 +168,7 @@ CONTENDERS: tuple[Contender, ...] = (
     Contender("serve_app_placed_onnx", "serve-app as `make run` starts it, embeddings.engine onnx",
               _serve_app_placed_argv, info_path="/v1/models",
               env=lambda workload: {"SERVE_APP_DRAIN_TIMEOUT_S": "2", "SERVE_APP_EMBEDDINGS_ENGINE": "onnx"},
-              unavailable=_import_missing("onnxruntime"), settle_s=45.0, workloads=("embeddings",)),
+              unavailable=import_missing("onnxruntime"), settle_s=45.0, workloads=("embeddings",)),
 )
 
 #: The in-process ceiling, reported beside the servers.

