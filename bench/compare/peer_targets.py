@@ -42,7 +42,10 @@ def storm_cell(cells: list[dict], contender: str) -> Optional[dict]:
 
 
 def served_engine(results: dict, contender: str) -> str:
-    """The embedding engine `contender` served on, from its /v1/models (torch where it names none)."""
+    """The embedding engine `contender` served on: from its /v1/models where it has one, else onnx for the
+    contenders named `*_onnx` (bench/compare/contenders.py), else torch."""
+    if contender.endswith("_onnx"):
+        return "onnx"
     info = results.get("contender_info", {}).get(f"{contender}/{WORKLOAD}") or {}
     for model in info.get("data", []) if isinstance(info, dict) else []:
         if model.get("task") == "embeddings":

@@ -24,9 +24,10 @@ def summary_rows(results: dict) -> list[dict]:
     rows = []
     cells = results["cells"]
     for workload in results["workloads"]:
-        offline = results["offline"].get(workload, {}).get("records_per_s")
         for records in results["records"]:
             for contender in results["contenders"]:
+                offline = (peer_targets.offline_for(results, contender) if workload == peer_targets.WORKLOAD
+                           else results["offline"].get(workload, {})).get("records_per_s")
                 sat = stats.saturation(cells, contender, workload, records)
                 at64 = stats.cell_at(cells, contender, workload, records, TARGET_CONCURRENCY)
                 opened = stats.open_cell(cells, contender, workload, records)
