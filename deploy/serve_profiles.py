@@ -64,8 +64,13 @@ BASE_ARGS: dict[str, Any] = {
         "max_records_per_request": Why(1024, "Larger bulk jobs belong in several requests."),
         "max_text_chars": Why(5000, "Models truncate far shorter inputs anyway."),
         "max_inflight_requests": Why(
-            64, "Requests one ingress admits; the rest get 503 + Retry-After at once. At the ~30-40 "
-            "req/s a 2-core box sustains, 64 admitted bounds queueing to ~2 s."),
+            64, "Requests one ingress admits; the rest wait in its waiting room, then get 503 + Retry-After. "
+            "At the ~30-40 req/s a 2-core box sustains, 64 admitted bounds queueing to ~2 s."),
+        "max_waiting_requests": Why(
+            192, "Past the 64 admitted, up to 192 more wait for a slot instead of a 503 at once: clients that "
+            "ignore Retry-After (a storm of 200, bench/compare/storm.lua) wait for capacity instead of "
+            "spending it on refusals. Past 64 + 192, 503 at once."),
+        "max_wait_s": Why(2.0, "A waiting request gets a slot within this or 503 + Retry-After (2 s)."),
     },
 }
 

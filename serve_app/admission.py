@@ -1,14 +1,18 @@
 """Admission control at the ingress: a bound on model requests in flight, shared fairly between API keys.
 
-`AdmissionControl` answers 503 + Retry-After at once, before the body is read, when this ingress
-replica already holds `limit()` model requests, and, with several API keys configured, when the
-request's key already holds its fair share of them: a client flooding the service with one key
-is shed while other keys' requests still get in. `DRAIN` counts the admitted requests and
-refuses new ones while the replica stops.
+`AdmissionControl` answers 503 + Retry-After, before the body is read, when this ingress replica
+already holds `limit()` model requests and its waiting room (`max_waiting()` requests, each for at
+most `max_wait_s()`) is full, and, with several API keys configured, at once when the request's key
+already holds its fair share of them: a client flooding the service with one key is shed while other
+keys' requests still get in. A request in the waiting room takes the next slot that frees, oldest
+first, so clients that ignore Retry-After wait for capacity instead of spending it on refusals.
+`DRAIN` counts the admitted requests and refuses new ones while the replica stops.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections import deque
 from typing import Callable, Optional
 
 from .errors import Overloaded, ShuttingDown
@@ -25,6 +29,18 @@ class DrainState:
     def __init__(self) -> None:
         self.in_flight = 0
         self.draining = False
+        #: requests waiting for a slot, oldest first: each future is handed a slot (True) or a refusal (False)
+        self.waiting: deque[asyncio.Future] = deque()
+
+    def release(self) -> None:
+        """An admitted request finished: its slot goes to the oldest live waiter, else back to the pool."""
+        while self.waiting:
+            waiter = self.waiting.popleft()
+            if not waiter.done():
+                waiter.set_result(not self.draining)
+                if not self.draining:
+                    return  # the slot changes hands: in_flight stays
+        self.in_flight -= 1
 
     async def drain(self, timeout_s: float, poll_s: float = 0.05) -> dict:
         """Refuse new model requests (503 shutting_down) and wait for admitted ones to finish."""
@@ -32,6 +48,10 @@ class DrainState:
         import time
 
         self.draining = True
+        while self.waiting:  # the waiting room is refused at once (503 shutting_down)
+            waiter = self.waiting.popleft()
+            if not waiter.done():
+                waiter.set_result(False)
         start = time.monotonic()
         at_start = self.in_flight
         while self.in_flight > 0 and time.monotonic() - start < timeout_s:
@@ -75,7 +95,8 @@ class AdmissionControl:
                  paths: tuple[str, ...] = ("/translation", "/embeddings", "/v1/embeddings", "/jobs"),
                  prefixes: tuple[str, ...] = ("/models/",),
                  key_of: Callable[[dict], Optional[str]] = lambda scope: None,
-                 configured_keys: Callable[[], int] = lambda: 0):
+                 configured_keys: Callable[[], int] = lambda: 0,
+                 max_waiting: Callable[[], int] = lambda: 0, max_wait_s: Callable[[], float] = lambda: 0.0):
         self.app = app
         self.limit = limit
         self.retry_after_s = retry_after_s
@@ -84,6 +105,10 @@ class AdmissionControl:
         self.prefixes = prefixes
         self.key_of = key_of
         self.configured_keys = configured_keys
+        self.max_waiting = max_waiting
+        self.max_wait_s = max_wait_s
+        #: requests that waited for a slot, and of those, how many got one
+        self.waited = self.waited_admitted = 0
         #: key id -> its requests in flight here (keys with none are not listed)
         self.per_key: dict[str, int] = {}
         self.shed = 0
@@ -100,14 +125,17 @@ class AdmissionControl:
             return await self.app(scope, receive, send)
         retry = self.retry_after_s()
         if DRAIN.draining:
-            response = ShuttingDown(
-                f"The service is shutting down; retry after {retry} s.", retry_after_s=retry
-            ).to_response(scope)
-            return await response(scope, receive, send)
+            return await self._refuse(scope, receive, send, retry)
         limit = self.limit()
         key = self.key_of(scope)
         message = None
-        if DRAIN.in_flight >= limit:
+        full = DRAIN.in_flight >= limit or bool(DRAIN.waiting)
+        # Keyed requests are not queued: their fair share decides at once (a flooding key is shed).
+        if full and key is None and (admitted := await self._wait_for_slot()) is not None:
+            if not admitted:
+                self.shed += not DRAIN.draining
+                return await self._refuse(scope, receive, send, retry)
+        elif full:
             message = f"The service is at capacity ({self.in_flight} requests in flight); retry after {retry} s."
         elif key is not None and self.per_key.get(key, 0) >= fair_share(
                 limit, len(self.per_key) + (key not in self.per_key), self.configured_keys()):
@@ -117,16 +145,47 @@ class AdmissionControl:
         if message is not None:
             self.shed += 1
             return await Overloaded(message, retry_after_s=retry).to_response(scope)(scope, receive, send)
-        DRAIN.in_flight += 1
+        if not full:  # a waiter was handed its slot by the request that finished
+            DRAIN.in_flight += 1
         if key is not None:
             self.per_key[key] = self.per_key.get(key, 0) + 1
         try:
             await self.app(scope, receive, send)
         finally:
-            DRAIN.in_flight -= 1
+            DRAIN.release()
             if key is not None:
                 left = self.per_key[key] - 1
                 if left:
                     self.per_key[key] = left
                 else:
                     del self.per_key[key]
+
+    async def _wait_for_slot(self) -> Optional[bool]:
+        """The replica is full: None when the waiting room is too (refuse at once), else whether a slot
+        came within max_wait_s (False: the wait ran out, or the replica began to drain)."""
+        if len(DRAIN.waiting) >= self.max_waiting():
+            return None
+        waiter = asyncio.get_running_loop().create_future()
+        DRAIN.waiting.append(waiter)
+        self.waited += 1
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter), self.max_wait_s())
+        except asyncio.TimeoutError:
+            pass
+        except BaseException:  # the request's task was cancelled (client gone, shutdown)
+            if not waiter.cancel() and waiter.result():
+                DRAIN.release()  # it had just been handed a slot: pass it on
+            raise
+        if waiter.cancel():  # the wait ran out; release() skips a cancelled waiter
+            return False
+        self.waited_admitted += waiter.result()
+        return waiter.result()
+
+    async def _refuse(self, scope, receive, send, retry: int):
+        """503 shutting_down while the replica drains, else 503 overloaded; both with Retry-After."""
+        if DRAIN.draining:
+            error = ShuttingDown(f"The service is shutting down; retry after {retry} s.", retry_after_s=retry)
+        else:
+            error = Overloaded(f"The service is at capacity ({self.in_flight} requests in flight, "
+                               f"{len(DRAIN.waiting)} waiting); retry after {retry} s.", retry_after_s=retry)
+        return await error.to_response(scope)(scope, receive, send)

@@ -134,7 +134,9 @@ def create_app() -> FastAPI:
     # Admission shares the in-flight slots fairly between API keys (serve_app/admission.py).
     app.add_middleware(AdmissionControl, limit=lambda: current_limits().max_inflight_requests,
                        retry_after_s=lambda: current_limits().retry_after_s, key_of=middleware.api_key_id_of,
-                       configured_keys=lambda: len(auth.configured_keys(current_limits())))
+                       configured_keys=lambda: len(auth.configured_keys(current_limits())),
+                       max_waiting=lambda: current_limits().max_waiting_requests,
+                       max_wait_s=lambda: current_limits().max_wait_s)
     app.add_middleware(ApiKeyAuth, keys=lambda: auth.configured_keys(current_limits()))
     app.add_middleware(LazyCORS, origins=lambda: current_limits().cors_origins)
     app.add_middleware(RequestObserver, recorder=recorder, enabled=lambda: current_limits().access_log)

@@ -94,9 +94,20 @@ class IngressSettings(Section):
     )
     max_inflight_requests: int = Field(
         64, ge=1,
-        description="Model requests one ingress replica admits at once; more are answered 503 + Retry-After "
-        "immediately. Size it as (requests/s the models sustain) x (queueing delay you accept): "
+        description="Model requests one ingress replica admits at once; more wait in its waiting room "
+        "(max_waiting_requests) or are answered 503 + Retry-After immediately. Size it as (requests/s the models sustain) x (queueing delay you accept): "
         "at ~30 req/s, 64 bounds queueing to ~2 s. Keep the Ingress deployment's max_ongoing_requests above it.",
+    )
+    max_waiting_requests: int = Field(
+        0, ge=0,
+        description="Model requests (without API keys) that wait for a slot, oldest first, while "
+        "max_inflight_requests are in flight, instead of a 503 at once; past it, 503 + Retry-After at once. "
+        "Clients that ignore Retry-After then wait for capacity rather than spend it on refusals. 0: none wait.",
+    )
+    max_wait_s: float = Field(
+        2.0, gt=0,
+        description="Longest a request in the waiting room (max_waiting_requests) waits for a slot; then 503 "
+        "+ Retry-After.",
     )
     readiness_timeout_s: float = Field(
         2.0, gt=0,
