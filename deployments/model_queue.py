@@ -105,9 +105,8 @@ class ModelQueue:
     def alone(self) -> bool:
         """Nothing computing, nothing waiting, and each of the last `RECENT_BATCHES` batches was one call:
         a call now has no company coming, so waiting for a batch to fill would only add latency."""
-        with self._ready:
-            return (not self._running and all(n == 1 for n in self._recent_calls)
-                    and not any(not e.future.cancelled() for q in self._waiting.values() for e in q))
+        with self._ready:  # a Condition over an RLock: `waiting()` takes it again
+            return not self._running and all(n == 1 for n in self._recent_calls) and not self.waiting()
 
     def shutdown(self) -> None:
         with self._ready:

@@ -33,13 +33,14 @@ class DrainState:
         self.waiting: deque[asyncio.Future] = deque()
 
     def release(self) -> None:
-        """An admitted request finished: its slot goes to the oldest live waiter, else back to the pool."""
+        """An admitted request finished: its slot goes to the oldest live waiter (in_flight stays), else
+        back to the pool. (A draining replica has no waiters: `drain` refused them, and no request waits
+        once it began.)"""
         while self.waiting:
             waiter = self.waiting.popleft()
             if not waiter.done():
-                waiter.set_result(not self.draining)
-                if not self.draining:
-                    return  # the slot changes hands: in_flight stays
+                waiter.set_result(True)
+                return
         self.in_flight -= 1
 
     async def drain(self, timeout_s: float, poll_s: float = 0.05) -> dict:
@@ -107,8 +108,6 @@ class AdmissionControl:
         self.configured_keys = configured_keys
         self.max_waiting = max_waiting
         self.max_wait_s = max_wait_s
-        #: requests that waited for a slot, and of those, how many got one
-        self.waited = self.waited_admitted = 0
         #: key id -> its requests in flight here (keys with none are not listed)
         self.per_key: dict[str, int] = {}
         self.shed = 0
@@ -167,7 +166,6 @@ class AdmissionControl:
             return None
         waiter = asyncio.get_running_loop().create_future()
         DRAIN.waiting.append(waiter)
-        self.waited += 1
         try:
             await asyncio.wait_for(asyncio.shield(waiter), self.max_wait_s())
         except asyncio.TimeoutError:
@@ -178,7 +176,6 @@ class AdmissionControl:
             raise
         if waiter.cancel():  # the wait ran out; release() skips a cancelled waiter
             return False
-        self.waited_admitted += waiter.result()
         return waiter.result()
 
     async def _refuse(self, scope, receive, send, retry: int):

@@ -95,8 +95,9 @@ class IngressSettings(Section):
     max_inflight_requests: int = Field(
         64, ge=1,
         description="Model requests one ingress replica admits at once; more wait in its waiting room "
-        "(max_waiting_requests) or are answered 503 + Retry-After immediately. Size it as (requests/s the models sustain) x (queueing delay you accept): "
-        "at ~30 req/s, 64 bounds queueing to ~2 s. Keep the Ingress deployment's max_ongoing_requests above it.",
+        "(max_waiting_requests) or are answered 503 + Retry-After immediately. Size it as (requests/s the "
+        "models sustain) x (queueing delay you accept): at ~30 req/s, 64 bounds queueing to ~2 s. Keep the "
+        "Ingress deployment's max_ongoing_requests above it.",
     )
     max_waiting_requests: int = Field(
         0, ge=0,
