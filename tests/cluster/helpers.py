@@ -27,6 +27,17 @@ def running_by_node(cluster: LocalCluster) -> dict[str, Counter]:
             for name, d in deployments(cluster).items()}
 
 
+def serving(cluster: LocalCluster, ready_urls: list[str]) -> Optional[tuple[dict, set[str]]]:
+    """(replicas by node, the workers' URLs that hold one) once the ready endpoints are exactly those.
+
+    Serve drains the proxy of a node that holds no replica (its /-/healthz answers 503), so the
+    `serve` Service lists only the pods that hold one: that is what lets an autoscaler remove an
+    idle pod. Which workers hold one depends on where the replicas landed."""
+    by_node = running_by_node(cluster)
+    holding = {cluster.serve_url(w) for w in cluster.workers if any(nodes[w.address] for nodes in by_node.values())}
+    return (by_node, holding) if set(ready_urls) == holding else None
+
+
 def replica_states(cluster: LocalCluster) -> dict[str, list[tuple[str, str]]]:
     """{deployment: [(state, node ip or "-" while not placed)]}, for a failure's message."""
     try:

@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+
+
+def save_timeline(timeline: list[dict], nodes: list[str]) -> None:
+    """The ramp's samples and their plot, beside reports/cluster/figures.json."""
+    from .conftest import FIGURES
+
+    FIGURES.parent.mkdir(parents=True, exist_ok=True)
+    (FIGURES.parent / "scaling.json").write_text(json.dumps(timeline, indent=1))
+    plot_replicas_per_node(timeline, nodes, FIGURES.parent / "scaling.png")
 
 
 def plot_replicas_per_node(timeline: list[dict], nodes: list[str], out: Path) -> None:

@@ -9,7 +9,6 @@ they scale down; on Kubernetes the Ray autoscaler would add a pod for them).
 from __future__ import annotations
 
 import copy
-import json
 import time
 import uuid
 
@@ -19,7 +18,8 @@ from tests.support import wait_for
 
 from .helpers import (NODE_START_BOUND_S, Recovery, at_full_strength, controller_recovery, deployments, finished_job,
                       job_payload, minimum_replicas, ready, replica_ids, replica_states, running_by_node, running_counts,
-                      stopping, submit_job, worker_ips, worst_pod_to_lose)
+                      serving, stopping, submit_job, worker_ips, worst_pod_to_lose)
+from .plots import save_timeline
 from .traffic import (PATIENT_TIMEOUT_S, Load, ServiceEndpoints, cut_in_flight, describe_failed, failures_after_loss,
                       summarize)
 
@@ -38,23 +38,12 @@ def endpoints(cluster):
     service.stop()
 
 
-def _serving(cluster, endpoints):
-    """(replicas by node, the workers' URLs that hold one) once the ready endpoints are exactly those.
-
-    Serve drains the proxy of a node that holds no replica (its /-/healthz answers 503), so the
-    `serve` Service lists only the pods that hold one: that is what lets an autoscaler remove an
-    idle pod. Which workers hold one depends on where the replicas landed."""
-    by_node = running_by_node(cluster)
-    holding = {cluster.serve_url(w) for w in cluster.workers if any(nodes[w.address] for nodes in by_node.values())}
-    return (by_node, holding) if set(endpoints.ready()) == holding else None
-
-
 @pytest.mark.smoke  # CI: make cluster-smoke
 def test_every_worker_with_a_replica_answers_and_the_head_holds_none(cluster, endpoints, figures):
     ready(cluster)
     start = time.monotonic()
     try:
-        by_node, holding = wait_for(lambda: _serving(cluster, endpoints), 120,
+        by_node, holding = wait_for(lambda: serving(cluster, endpoints.ready()), 120,
                                     "the ready proxies to be those of the workers holding a replica", 0.5)
     except AssertionError as exc:
         raise AssertionError(f"{exc}; ready {endpoints.ready()}; replicas (state, node): {replica_states(cluster)}") from None
@@ -219,7 +208,7 @@ def test_a_ramp_scales_replicas_across_nodes(cluster, endpoints, figures, tmp_pa
                     time.sleep(1)
             wait_for(ingress_everywhere_and_spread, 150, "an Ingress on every worker and grown models spread", 1.0)
         finally:
-            _save_timeline(timeline, cluster)
+            save_timeline(timeline, worker_ips(cluster))
             print({name: (d["status"], d["target_num_replicas"], [(r.get("node_ip"), r["state"]) for r in d["replicas"]])
                    for name, d in deployments(cluster).items()})
         ramp_requests = list(load.requests)
@@ -239,21 +228,6 @@ def test_a_ramp_scales_replicas_across_nodes(cluster, endpoints, figures, tmp_pa
     assert grown and all(len(after[n]) >= 2 for n in grown), {n: dict(after[n]) for n in grown}
     not_ok, _ = failures_after_loss(ramp_requests)
     assert not not_ok, f"{len(not_ok)} requests failed during the ramp: {summary}"
-
-
-def _save_timeline(timeline: list[dict], cluster) -> None:
-    from .plots import plot_replicas_per_node
-
-    out = cluster_figures_dir()
-    (out / "scaling.json").write_text(json.dumps(timeline, indent=1))
-    plot_replicas_per_node(timeline, worker_ips(cluster), out / "scaling.png")
-
-
-def cluster_figures_dir():
-    from .conftest import FIGURES
-
-    FIGURES.parent.mkdir(parents=True, exist_ok=True)
-    return FIGURES.parent
 
 
 def test_the_head_restarted_with_gcs_fault_tolerance(cluster, endpoints, figures):
