@@ -48,9 +48,19 @@ LEAN_SERVE_TICKS = {
 }
 
 
+#: One machine only (the RayServices keep Ray's default: not measured on a cluster). Serve runs a
+#: replica's user code on an event loop of its own thread by default, so each HTTP request crosses
+#: from the replica's server loop to that thread and back. On the replica's own loop instead (what
+#: Ray's RAY_SERVE_THROUGHPUT_OPTIMIZED sets), `make run`'s embeddings on 2 cores served 0.99-1.11x
+#: (median 1.06x, 8 pairs) at 64 clients and 0.98-1.28x (median 1.11x, 6 pairs) at 1 client
+#: (docs/benchmarks/user-loop-run). The models compute in threads of their own either way.
+ONE_NODE_SERVE_ENVIRONMENT = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}
+
+
 def lean_serve_environment(environ=os.environ) -> dict[str, str]:
-    """The LEAN_SERVE_TICKS not already set in `environ` (set ones are the user's choice)."""
-    return {name: value for name, value in LEAN_SERVE_TICKS.items() if name not in environ}
+    """LEAN_SERVE_TICKS and ONE_NODE_SERVE_ENVIRONMENT, less what `environ` sets (the user's choice)."""
+    return {name: value for name, value in {**LEAN_SERVE_TICKS, **ONE_NODE_SERVE_ENVIRONMENT}.items()
+            if name not in environ}
 
 
 def _say(message: str) -> None:

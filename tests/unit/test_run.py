@@ -8,11 +8,11 @@ import os
 import subprocess
 import sys
 
-from serve_app.run import LEAN_SERVE_TICKS, lean_serve_environment
+from serve_app.run import LEAN_SERVE_TICKS, ONE_NODE_SERVE_ENVIRONMENT, lean_serve_environment
 
 
 def test_lean_ticks_are_added_where_the_environment_has_none():
-    assert lean_serve_environment({}) == LEAN_SERVE_TICKS
+    assert lean_serve_environment({}) == {**LEAN_SERVE_TICKS, **ONE_NODE_SERVE_ENVIRONMENT}
     assert float(LEAN_SERVE_TICKS["RAY_SERVE_CONTROL_LOOP_INTERVAL_S"]) > 0.1  # slower than Ray's default
 
 
@@ -26,12 +26,14 @@ def test_the_installed_ray_serve_reads_every_lean_tick():
     """Ray ignores an environment variable it does not know: a misspelt or renamed one would make
     the launcher's setting a silent no-op. The pinned Ray must read each one into its constant."""
     probe = ("import json; from ray.serve._private import constants as c; "
-             "print(json.dumps([c.CONTROL_LOOP_INTERVAL_S, c.RAY_SERVE_METRICS_EXPORT_INTERVAL_MS]))")
-    env = {"PATH": "/usr/bin:/bin", **LEAN_SERVE_TICKS}
+             "print(json.dumps([c.CONTROL_LOOP_INTERVAL_S, c.RAY_SERVE_METRICS_EXPORT_INTERVAL_MS, "
+             "c.RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD]))")
+    env = {"PATH": "/usr/bin:/bin", **lean_serve_environment({})}
     done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
-    control_loop_s, export_ms = json.loads(done.stdout.strip().splitlines()[-1])
+    control_loop_s, export_ms, user_code_in_a_thread = json.loads(done.stdout.strip().splitlines()[-1])
     assert control_loop_s == float(LEAN_SERVE_TICKS["RAY_SERVE_CONTROL_LOOP_INTERVAL_S"])
     assert export_ms == int(LEAN_SERVE_TICKS["RAY_SERVE_METRICS_EXPORT_INTERVAL_MS"])
+    assert user_code_in_a_thread is False
 
 
 def test_the_stop_reaches_a_replica_that_waits_and_one_that_starts_after_it():
