@@ -163,6 +163,12 @@ CONTENDERS: tuple[Contender, ...] = (
     Contender("serve_app_placed_waits", "serve-app as `make run` starts it, lone calls wait (skip_batch_wait_when_alone: false)",
               _serve_app_placed_waits_argv, info_path="/v1/models", env=lambda workload: {"SERVE_APP_DRAIN_TIMEOUT_S": "2"},
               settle_s=45.0),
+    # The same with Serve's user code on a thread of its own (Ray's default): the A/B of make run's
+    # ONE_NODE_SERVE_ENVIRONMENT (serve_app/run.py; docs/benchmarks/user-loop-run).
+    Contender("serve_app_placed_user_thread", "serve-app as `make run` starts it, user code on Ray's own thread",
+              _serve_app_placed_argv, info_path="/v1/models",
+              env=lambda workload: {"SERVE_APP_DRAIN_TIMEOUT_S": "2", "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "1"},
+              settle_s=45.0),
     # The same with `embeddings.engine: onnx` (ONNX Runtime). Its export is kept in ~/.cache/serve-app/onnx: the
     # first start on a machine makes it (~25 s more to the first answer), later ones load it.
     Contender("serve_app_placed_onnx", "serve-app as `make run` starts it, embeddings.engine onnx",
