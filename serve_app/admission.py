@@ -127,22 +127,17 @@ class AdmissionControl:
             return await self._refuse(scope, receive, send, retry)
         limit = self.limit()
         key = self.key_of(scope)
-        message = None
         full = DRAIN.in_flight >= limit or bool(DRAIN.waiting)
         # Keyed requests are not queued: their fair share decides at once (a flooding key is shed).
-        if full and key is None and (admitted := await self._wait_for_slot()) is not None:
-            if not admitted:
-                self.shed += not DRAIN.draining
-                return await self._refuse(scope, receive, send, retry)
-        elif full:
-            message = f"The service is at capacity ({self.in_flight} requests in flight); retry after {retry} s."
-        elif key is not None and self.per_key.get(key, 0) >= fair_share(
+        if full and (key is not None or not await self._wait_for_slot()):
+            self.shed += not DRAIN.draining  # a drain that began while it waited is not a shed
+            return await self._refuse(scope, receive, send, retry)
+        if not full and key is not None and self.per_key.get(key, 0) >= fair_share(
                 limit, len(self.per_key) + (key not in self.per_key), self.configured_keys()):
             self.shed_fair_share += 1
+            self.shed += 1
             message = (f"This API key holds its share of the service's capacity; retry after {retry} s "
                        "(other keys' requests are still admitted).")
-        if message is not None:
-            self.shed += 1
             return await Overloaded(message, retry_after_s=retry).to_response(scope)(scope, receive, send)
         if not full:  # a waiter was handed its slot by the request that finished
             DRAIN.in_flight += 1
@@ -159,11 +154,11 @@ class AdmissionControl:
                 else:
                     del self.per_key[key]
 
-    async def _wait_for_slot(self) -> Optional[bool]:
-        """The replica is full: None when the waiting room is too (refuse at once), else whether a slot
-        came within max_wait_s (False: the wait ran out, or the replica began to drain)."""
+    async def _wait_for_slot(self) -> bool:
+        """The replica is full: whether a slot came within max_wait_s (False at once when the waiting
+        room is full too; False when the wait ran out, or the replica began to drain)."""
         if len(DRAIN.waiting) >= self.max_waiting():
-            return None
+            return False
         waiter = asyncio.get_running_loop().create_future()
         DRAIN.waiting.append(waiter)
         try:
