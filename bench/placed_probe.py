@@ -43,16 +43,6 @@ def _ready(url: str, timeout_s: float = 180) -> float:
     raise TimeoutError(f"no answer from {url} in {timeout_s} s")
 
 
-def _wrk(url: str, texts: Path, clients: int, seconds: float) -> dict:
-    env = dict(os.environ, BENCH_TEXTS=str(texts), BENCH_PATH="/v1/embeddings", BENCH_RECORDS="1",
-               BENCH_BODY="embeddings", BENCH_LUA_DIR=str(ROOT / "bench" / "compare"))
-    done = subprocess.run(["wrk", "-t1", f"-c{clients}", f"-d{seconds:g}s", "--timeout=30s", "-s",
-                           str(ROOT / "bench" / "compare" / "closed.lua"), url], env=env, capture_output=True, text=True)
-    raw = load.parse_wrk(done.stdout + done.stderr)
-    return {"clients": clients, "req_per_s": round(raw["requests"] / (raw["duration_us"] / 1e6), 1),
-            "p50_ms": raw["p50_us"] / 1000, "p99_ms": raw["p99_us"] / 1000, "errors": raw["status"] + raw["timeout"]}
-
-
 def run_variant(name: str, env: dict, args, out: Path) -> dict:
     config = write_serve_app_config("embeddings", PORT, out / f"{name}.yaml", config="serve_config.placed.yaml")
     proc = subprocess.Popen([sys.executable, "-m", "serve_app.run", str(config)],
@@ -63,17 +53,18 @@ def run_variant(name: str, env: dict, args, out: Path) -> dict:
     try:
         row = {"variant": name, "env": env, "ready_s": round(_ready(url), 1)}
         texts = load.write_texts(tuple(POOL), out / "texts.jsonl")
-        _wrk(url, texts, args.clients, 15)
+        target = load.Target(url, "/v1/embeddings", "embeddings", 1, tuple(POOL))
+        load.run_closed(target, texts, args.clients, 15)
         spies = []
         if args.spy:
             pids = subprocess.run(["pgrep", "-f", "ServeReplica:serve-app:Ingress"], capture_output=True, text=True).stdout.split()
             spies = [subprocess.Popen(["py-spy", "record", "-p", pid, "-d", str(max(1, args.seconds - 5)), "-r", "50",
                                        "-f", "raw", "-o", str(out / f"{name}-spy-{pid}.txt"), "--nonblocking"],
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for pid in pids]
-        row["loaded"] = _wrk(url, texts, args.clients, args.seconds)
+        row["loaded"] = load.run_closed(target, texts, args.clients, args.seconds)
         for spy in spies:
             spy.wait()
-        row["one_client"] = _wrk(url, texts, 1, args.one_s)
+        row["one_client"] = load.run_closed(target, texts, 1, args.one_s)
         return row
     finally:
         os.killpg(proc.pid, signal.SIGINT)
