@@ -76,7 +76,8 @@ class ContinuousScheduler:
 
     def __init__(self, backend, *, max_running_sequences: int, max_cached_tokens: Optional[int],
                  max_new_tokens: int, min_new_tokens: Optional[int] = None, join_interval_steps: int = 1,
-                 on_step: Optional[Callable[[StepOutcome], None]] = None, name: str = "continuous-decoder"):
+                 cuda_graphs: bool = True, on_step: Optional[Callable[[StepOutcome], None]] = None,
+                 name: str = "continuous-decoder"):
         if max_running_sequences < 1:
             raise ValueError(f"max_running_sequences must be >= 1, got {max_running_sequences!r}")
         if max_cached_tokens is not None and max_cached_tokens < 1:
@@ -84,7 +85,7 @@ class ContinuousScheduler:
         if join_interval_steps < 1:
             raise ValueError(f"join_interval_steps must be >= 1, got {join_interval_steps!r}")
         self.backend = backend
-        self.decoder = backend.continuous_decoder()
+        self.decoder = backend.continuous_decoder(slots=int(max_running_sequences), cuda_graphs=cuda_graphs)
         self._check_length(max_new_tokens, "max_new_tokens")
         self.max_running_sequences = int(max_running_sequences)
         self.max_cached_tokens = max_cached_tokens

@@ -73,7 +73,7 @@ class ContinuousTranslation:
             replica.backend, max_running_sequences=settings.max_running_sequences,
             max_cached_tokens=settings.max_cached_tokens, max_new_tokens=settings.max_new_tokens,
             min_new_tokens=settings.min_new_tokens, join_interval_steps=settings.join_interval_steps,
-            on_step=self._step_done,
+            cuda_graphs=settings.cuda_graphs, on_step=self._step_done,
             name=f"{replica.deployment_name}-decode")
         self.apply(replica.batch_config)
 
@@ -102,6 +102,7 @@ class ContinuousTranslation:
         return {"max_running_sequences": self.settings.max_running_sequences,
                 "max_cached_tokens": self.settings.max_cached_tokens,
                 "join_interval_steps": self.settings.join_interval_steps,
+                "engine": type(self.scheduler.decoder).__name__,
                 "running": self.scheduler.decoder.running,
                 "waiting": sum(self.scheduler.waiting().values())}
 

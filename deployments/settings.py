@@ -115,6 +115,13 @@ class TranslationSettings(Section):
         "reshuffles per step, for GPUs, where a step costs kernel launches; a sentence waits up to this many "
         "steps to join.",
     )
+    cuda_graphs: bool = Field(
+        True,
+        description="For `scheduling: continuous` on CUDA: sentences decode in fixed slots and each decoding "
+        "step is one CUDA graph replay (captured per bucket of rows, cache and source columns on first use), "
+        "instead of hundreds of kernel launches from Python. false: the CPU's engine, tensors cut to the "
+        "running rows. No effect on CPU.",
+    )
 
     @model_validator(mode="after")
     def _model_for_transformers(self) -> "TranslationSettings":

@@ -3,21 +3,21 @@
     python -m bench.gpu.engines --out DIR                       # on a GPU: M2M100-418M-sized, float16
     python -m bench.gpu.engines --out DIR --device cpu --tiny   # the same flow on the tiny model
 
-bench/gpu/continuous.py drives the Translator replica class and so needs Ray (its @serve.batch); a GPU
-machine here has no Ray. This drives the two engines directly, one worker each, on the same backend:
+bench/gpu/continuous.py drives the Translator replica class and so needs Ray (its @serve.batch); a GPU machine
+here has no Ray. This drives the engines directly, one worker each, on the same backend:
 
-* ``static``: `@serve.batch`'s rule in a few lines (the first waiting request opens a batch, which
-  takes up to `batch` requests or whatever arrives within `wait_s`; one batch at a time on one model
-  thread), each batch decoding its rows' largest drawn length, as a real model's batch runs until its
-  longest output ends;
-* ``continuous``: deployments.continuous_batching.ContinuousScheduler, each sentence its own length.
+* ``static``: `@serve.batch`'s rule in a few lines (the first waiting request opens a batch, which takes up to
+  `batch` requests or whatever arrives within `wait_s`; one batch at a time on one model thread), each batch
+  decoding its rows' largest drawn length, as a real model's batch runs until its longest output ends;
+* ``continuous``: deployments.continuous_batching.ContinuousScheduler, each sentence its own length (on CUDA
+  its SlotDecoder, one CUDA graph per step; ``--eager`` adds ``continuous-eager``, without graphs).
 
-Workloads: the length mix of bench/gpu/continuous.py (the same texts, draws and seeds) and a fixed one
-(make bench's sentences, `--fixed-tokens` each). Cells: saturation (closed loop), Poisson arrivals at
-0.25, 0.5 and 0.8 x each engine's own saturation (the fixed workload: 0.5) and, for the others, at
-static's half rate; latency counts from the arrival. `--streamer` adds service_streamer's
-ThreadedStreamer (issue 25's reference peer) in front of the same backend. `p50_over_solo`: the median of each request's latency over its sentence's own solo decode.
-DIR/engines.json holds every cell.
+Workloads: the length mix of bench/gpu/continuous.py (the same texts, draws and seeds) and a fixed one (make
+bench's sentences, `--fixed-tokens` each). Cells: saturation (closed loop), Poisson arrivals at 0.25, 0.5 and
+0.8 x each engine's own saturation (fixed: 0.5) and, for the others, at static's half rate; latency counts from
+the arrival. `--streamer` adds service_streamer's ThreadedStreamer (issue 25's reference peer) in front of the
+same backend. `p50_over_solo`: the median of each request's latency over its sentence's own solo decode
+(`generate`). DIR/engines.json holds every cell.
 """
 
 from __future__ import annotations
@@ -102,13 +102,13 @@ class StreamerEngine:
 class ContinuousEngine:
     """ContinuousScheduler with each sentence's drawn length."""
 
-    def __init__(self, backend, batch: int, join_interval_steps: int = 1):
+    def __init__(self, backend, batch: int, join_interval_steps: int = 1, cuda_graphs: bool = True):
         from deployments.continuous_batching import ContinuousScheduler
 
         self.steps: list = []
         self.scheduler = ContinuousScheduler(backend, max_running_sequences=batch, max_cached_tokens=None,
                                              max_new_tokens=200, join_interval_steps=join_interval_steps,
-                                             on_step=self.steps.append)
+                                             cuda_graphs=cuda_graphs, on_step=self.steps.append)
         self.scheduler.limits = lambda text, ids: (backend.lengths[text], backend.lengths[text])
 
     async def close(self) -> None:
@@ -122,10 +122,11 @@ class ContinuousEngine:
         ok = [o for o in self.steps[since:] if o.running and not o.failed]
         if not ok:
             return {}
-        plain = [o.seconds for o in ok if not o.joined]
-        joined = [o.seconds for o in ok if o.joined]
-        return {"steps": len(ok), "mean_running": round(statistics.mean(o.running for o in ok), 1),
-                "steps_with_joins": len(joined),
+        plain, joined = [o.seconds for o in ok if not o.joined], [o.seconds for o in ok if o.joined]
+        decoder = self.scheduler.decoder
+        return {"engine": type(decoder).__name__, "graphs_captured": getattr(decoder, "captures", None),
+                "column_shifts": getattr(decoder, "shifts", None), "steps": len(ok),
+                "mean_running": round(statistics.mean(o.running for o in ok), 1), "steps_with_joins": len(joined),
                 "step_ms_p50_without_joins": round(1000 * pct(plain, 0.5), 2) if plain else None,
                 "step_ms_p50_with_joins": round(1000 * pct(joined, 0.5), 2) if joined else None}
 
@@ -237,6 +238,7 @@ def main() -> None:
     parser.add_argument("--join-interval-steps", type=int, default=1,
                         help="> 1: also a continuous engine joining every N steps")
     parser.add_argument("--streamer", action="store_true", help="also service_streamer (its package installed)")
+    parser.add_argument("--eager", action="store_true", help="also continuous decoding without CUDA graphs")
     parser.add_argument("--plot", type=Path, help="only draw DIR/engines.png from this engines.json")
     args = parser.parse_args()
     if args.plot:
@@ -262,6 +264,8 @@ def main() -> None:
     if args.streamer:
         engines["service_streamer"] = StreamerEngine(backend, args.batch, args.wait_s)
     engines["continuous"] = ContinuousEngine(backend, args.batch)
+    if args.eager:
+        engines["continuous-eager"] = ContinuousEngine(backend, args.batch, cuda_graphs=False)
     if args.join_interval_steps > 1:
         engines[f"continuous-join{args.join_interval_steps}"] = ContinuousEngine(backend, args.batch,
                                                                                 args.join_interval_steps)

@@ -150,12 +150,18 @@ class TransformersBackend(TranslationBackend):
         """The token forced after the decoder start (M2M100/NLLB: the target language), else None."""
         return self._lang_token_ids[target] if self.family in ("m2m100", "nllb") else None
 
-    def continuous_decoder(self):
-        """A `ContinuousDecoder` over this model (greedy only): the continuous scheduler's engine."""
+    def continuous_decoder(self, slots: int | None = None, cuda_graphs: bool = True):
+        """The continuous scheduler's engine over this model (greedy only). On CUDA, given `slots` (the
+        most sequences running) and `cuda_graphs`: a `SlotDecoder`, each step one CUDA graph replay (a GPU
+        step costs kernel launches). Else a `ContinuousDecoder`, its tensors cut to the running rows (a
+        CPU step costs arithmetic, which grows with the rows)."""
         from .continuous_decoder import ContinuousDecoder
+        from .slot_decoder import SlotDecoder
 
         if self.num_beams != 1:
             raise ValueError(f"continuous scheduling decodes greedily: num_beams must be 1, got {self.num_beams}")
+        if slots is not None and cuda_graphs and self.device.startswith("cuda"):
+            return SlotDecoder(self.model, self._pad, slots=slots, graphs=True)
         return ContinuousDecoder(self.model, self._pad)
 
     def translate(self, texts: Sequence[str], source: str, target: str) -> list[str]:

@@ -16,6 +16,7 @@ import random
 import pytest
 
 from deployments.backends.continuous_decoder import ContinuousDecoder, DecodeRequest, UnsupportedModel
+from deployments.backends.slot_decoder import SlotDecoder
 
 from .test_transformers_backend import TEXTS
 
@@ -23,10 +24,21 @@ FAMILIES = {"marian": ("tiny_marian_dir", "en", "de"), "m2m100": ("tiny_m2m100_d
             "nllb": ("tiny_nllb_dir", "en", "pt")}
 
 
+#: the two engines: tensors cut to the running rows (the CPU's), fixed slots (the GPU's, here without graphs)
+ENGINES = {"tensors": lambda backend: backend.continuous_decoder(),
+           "slots": lambda backend: SlotDecoder(backend.model, backend._pad, slots=64, graphs=False)}
+
+
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
 def case(request, make_backend):
     fixture, source, target = FAMILIES[request.param]
     return make_backend(request.getfixturevalue(fixture)), source, target
+
+
+@pytest.fixture(params=sorted(ENGINES))
+def engine(request):
+    """Builds a decoder of one engine over a backend."""
+    return ENGINES[request.param]
 
 
 def solo(backend, request: DecodeRequest, target: str) -> list[int]:
@@ -49,14 +61,14 @@ def make_requests(backend, source, target, texts, rng: random.Random, max_tokens
 
 
 def run_with_random_joins(decoder: ContinuousDecoder, requests, rng: random.Random, drop_rate: float = 0.0,
-                          lazy: bool = False):
+                          lazy: bool = False, max_running: int = 1000):
     """Join the requests in random groups at random steps (possibly several steps apart, possibly
     into an empty batch); optionally drop running rows at random; `lazy`: finished rows stay in the
     tensors until a random later step compacts them (or a join does). Returns {tag: ids} and the tags dropped."""
     pending, outputs, dropped = list(requests), {}, set()
     while pending or decoder.running:
-        if pending and rng.random() < 0.6:
-            count = rng.randint(1, 4)
+        if pending and rng.random() < 0.6 and decoder.running < max_running:
+            count = min(rng.randint(1, 4), max_running - decoder.running)
             decoder.join(pending[:count])
             pending = pending[count:]
         if drop_rate and decoder.rows and rng.random() < drop_rate:
@@ -70,29 +82,65 @@ def run_with_random_joins(decoder: ContinuousDecoder, requests, rng: random.Rand
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_equals_single_generate_with_random_joins(case, seed):
+def test_equals_single_generate_with_random_joins(case, engine, seed):
     backend, source, target = case
     rng = random.Random(seed)
     texts = TEXTS * 3
     rng.shuffle(texts)
     requests = make_requests(backend, source, target, texts, rng)
     expected = {r.tag: solo(backend, r, target) for r in requests}
-    outputs, _ = run_with_random_joins(backend.continuous_decoder(), requests, rng)
+    outputs, _ = run_with_random_joins(engine(backend), requests, rng)
     assert outputs == expected
 
 
 @pytest.mark.parametrize("seed", [5, 6])
-def test_finished_rows_riding_along_until_compaction_change_nothing(case, seed):
+def test_finished_rows_riding_along_until_compaction_change_nothing(case, engine, seed):
     """`step(compact=False)` (join_interval_steps > 1): finished rows stay in the batch, masked, until
     a join or a compaction; the others' outputs are still single `generate`'s, drops included."""
     backend, source, target = case
     rng = random.Random(seed)
     requests = make_requests(backend, source, target, TEXTS * 3, rng)
-    decoder = backend.continuous_decoder()
+    decoder = engine(backend)
     outputs, dropped = run_with_random_joins(decoder, requests, rng, drop_rate=0.1, lazy=True)
     assert not dropped & outputs.keys()
     assert outputs == {r.tag: solo(backend, r, target) for r in requests if r.tag not in dropped}
     assert decoder.running == 0 and decoder.cached_tokens() == 0  # the last finisher empties the tensors
+
+
+@pytest.mark.parametrize("seed", [12, 13])
+def test_slots_shift_and_widen_their_caches_without_changing_outputs(case, monkeypatch, seed):
+    """Small first buffers: columns no live row needs are shifted out, the caches widen when a row
+    needs more, sources longer than the buffer widen it; the outputs stay single `generate`'s."""
+    backend, source, target = case
+    monkeypatch.setattr(SlotDecoder, "initial_columns", 4)
+    monkeypatch.setattr(SlotDecoder, "initial_source", 2)
+    rng = random.Random(seed)
+    requests = make_requests(backend, source, target, TEXTS * 3, rng)
+    decoder = SlotDecoder(backend.model, backend._pad, slots=6, graphs=False)
+    outputs, _ = run_with_random_joins(decoder, requests, rng, max_running=6)
+    assert outputs == {r.tag: solo(backend, r, target) for r in requests}
+    assert decoder._self_k.shape[3] > 4 and decoder._cross.shape[4] > 2 and decoder.shifts > 0
+
+
+def test_the_cpu_gets_the_tensor_engine_and_no_graphs(make_backend, tiny_marian_dir):
+    """Slots and graphs are the GPU's engine: on a CPU a step's cost grows with its rows, so the
+    scheduler's backend gives the engine whose tensors hold only the running rows."""
+    backend = make_backend(tiny_marian_dir)
+    assert type(backend.continuous_decoder(slots=8)) is ContinuousDecoder
+    with pytest.raises(ValueError, match="CUDA graphs need a CUDA model, this one is on cpu"):
+        SlotDecoder(backend.model, backend._pad, slots=8, graphs=True)
+
+
+def test_slots_refuse_more_sequences_than_they_hold(make_backend, tiny_marian_dir):
+    backend = make_backend(tiny_marian_dir)
+    decoder = SlotDecoder(backend.model, backend._pad, slots=2, graphs=False)
+    ids = backend.encode_texts(TEXTS[:3], "en")
+    decoder.join([DecodeRequest(ids[0], 5, None, None, 0), DecodeRequest(ids[1], 5, None, None, 1)])
+    with pytest.raises(ValueError, match="1 sequences cannot join: 2 of 2 slots are taken"):
+        decoder.join([DecodeRequest(ids[2], 5, None, None, 2)])
+    decoder.drop({0})
+    decoder.join([DecodeRequest(ids[2], 5, None, None, 2)])  # the freed slot
+    assert sorted(r.request.tag for r in decoder.rows) == [1, 2]
 
 
 def test_finished_rows_leave_the_caches_at_compaction(make_backend, tiny_marian_dir):
@@ -110,7 +158,7 @@ def test_finished_rows_leave_the_caches_at_compaction(make_backend, tiny_marian_
     assert not decoder.drop({"short"})  # already answered: nothing to drop
 
 
-def test_rows_leave_at_different_steps(case):
+def test_rows_leave_at_different_steps(case, engine):
     """The comparison above is only meaningful if rows finish at different steps: some by EOS,
     some at their own limit (checked on the fixture's data)."""
     backend, source, target = case
@@ -119,7 +167,7 @@ def test_rows_leave_at_different_steps(case):
     for request in requests:
         request.min_new_tokens = None
         request.max_new_tokens = 20
-    decoder = backend.continuous_decoder()
+    decoder = engine(backend)
     decoder.join(requests)
     finished_at = []
     step = 0
@@ -131,9 +179,9 @@ def test_rows_leave_at_different_steps(case):
         assert min(finished_at) < 20 <= max(finished_at)
 
 
-def test_fixed_length_when_min_equals_max(case):
+def test_fixed_length_when_min_equals_max(case, engine):
     backend, source, target = case
-    decoder = backend.continuous_decoder()
+    decoder = engine(backend)
     requests = [DecodeRequest(list(ids), n, n, backend.forced_bos_token_id(target), n)
                 for n, ids in zip((3, 9, 17), backend.encode_texts(TEXTS[:3], source))]
     decoder.join(requests)
@@ -145,11 +193,11 @@ def test_fixed_length_when_min_equals_max(case):
 
 
 @pytest.mark.parametrize("seed", [3, 4])
-def test_dropped_rows_do_not_change_the_others(case, seed):
+def test_dropped_rows_do_not_change_the_others(case, engine, seed):
     backend, source, target = case
     rng = random.Random(seed)
     requests = make_requests(backend, source, target, TEXTS * 3, rng)
-    outputs, dropped = run_with_random_joins(backend.continuous_decoder(), requests, rng, drop_rate=0.2)
+    outputs, dropped = run_with_random_joins(engine(backend), requests, rng, drop_rate=0.2)
     assert dropped and not dropped & outputs.keys()
     assert outputs == {r.tag: solo(backend, r, target) for r in requests if r.tag not in dropped}
 
@@ -199,7 +247,8 @@ def test_unsupported_model_type_is_refused(make_backend, tiny_m2m100_dir):
 
 @pytest.mark.skipif(os.environ.get("SERVE_APP_SLOW_TESTS") != "1", reason="slow: set SERVE_APP_SLOW_TESTS=1")
 @pytest.mark.parametrize("lazy", [False, True])
-def test_marian_sized_model_equals_single_generate(lazy):
+@pytest.mark.parametrize("engine_name", sorted(ENGINES))
+def test_marian_sized_model_equals_single_generate(lazy, engine_name):
     """opus-mt's shape (6+6 layers, d_model 512, vocabulary 58,101) with random weights, as bench/ builds it:
     joins at random steps, per-sentence lengths as in the benchmark (min_new_tokens == max_new_tokens)."""
     from bench.peers.models import build_marian_sized
@@ -214,12 +263,12 @@ def test_marian_sized_model_equals_single_generate(lazy):
     for request in requests[::2]:
         request.min_new_tokens = request.max_new_tokens
     expected = {r.tag: solo(backend, r, "pt") for r in requests}
-    outputs, _ = run_with_random_joins(backend.continuous_decoder(), requests, rng, lazy=lazy)
+    outputs, _ = run_with_random_joins(ENGINES[engine_name](backend), requests, rng, lazy=lazy)
     assert outputs == expected
 
 
 @pytest.mark.parametrize("fixture, target", [("tiny_marian_dir", "de"), ("tiny_m2m100_dir", "pt")])
-def test_half_precision_runs_in_the_model_dtype(request, make_backend, fixture, target):
+def test_half_precision_runs_in_the_model_dtype(request, make_backend, engine, fixture, target):
     """The dtype path CUDA float16 takes (caches, padding and masks in the model's dtype, logits
     compared in float32), exercised on CPU with bfloat16."""
     import torch
@@ -227,7 +276,7 @@ def test_half_precision_runs_in_the_model_dtype(request, make_backend, fixture, 
     backend = make_backend(request.getfixturevalue(fixture), dtype="bfloat16")
     rng = random.Random(9)
     requests = make_requests(backend, "en", target, TEXTS * 2, rng, max_tokens=12)
-    decoder = backend.continuous_decoder()
+    decoder = engine(backend)
     assert decoder.dtype == torch.bfloat16
     outputs, _ = run_with_random_joins(decoder, requests, rng)
     expected = {r.tag: solo(backend, r, target) for r in requests}
