@@ -3,7 +3,7 @@
 The config is deploy.serve_profiles' "gpu" profile for the "local" target (what serve_config.gpu.yaml
 is), with only what must change here overridden: translation.model (the random M2M100-418M-sized
 folder), min/max_new_tokens fixed, embeddings.model_path (the MiniLM-shaped BERT), the response cache
-off, the job store under the run's folder, and `scheduling` for the second start. The Translator
+off, the job store under the run's folder, and `scheduling` (each start names its own). The Translator
 keeps num_gpus 0.5 and min_replicas 2: two replicas share the GPU. (--tiny on a CPU box: num_gpus 0
 and smaller num_cpus, so it fits 2 cores.) It is checked with serve_app.config_check, then served by
 `python -m serve_app.run CONFIG` (what `make run` runs) with Serve's Python proxy and no dashboard.
@@ -56,10 +56,9 @@ def app_config(models: dict, plan: Plan, tiny: bool, port: int, scheduling: str,
     args = app["args"]
     args["translation"].update(model=models["translation"], max_new_tokens=plan.decode_tokens,
                                min_new_tokens=plan.decode_tokens)
-    if scheduling != "static":
-        args["translation"]["scheduling"] = scheduling
-        if join_interval_steps > 1:
-            args["translation"]["join_interval_steps"] = join_interval_steps
+    args["translation"]["scheduling"] = scheduling  # the profile's own is continuous: each start names its own
+    if scheduling != "static" and join_interval_steps > 1:
+        args["translation"]["join_interval_steps"] = join_interval_steps
     args["embeddings"]["model_path"] = models["embeddings"]
     args["cache"] = {"enabled": False}
     args["jobs"] = {**args.get("jobs", {}), "store_path": str(work / f"jobs-{scheduling}.sqlite3")}

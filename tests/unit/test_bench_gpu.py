@@ -27,7 +27,8 @@ def test_the_gpu_run_serves_the_gpu_profile_with_only_its_models_changed(tmp_pat
     args = config["applications"][0]["args"]
     assert args["translation"]["model"] == MODELS["translation"]
     assert args["translation"]["max_new_tokens"] == args["translation"]["min_new_tokens"] == GPU_PLAN.decode_tokens
-    assert "scheduling" not in args["translation"]
+    assert args["translation"]["scheduling"] == "static"  # named: the profile's own is continuous
+    assert profile["applications"][0]["args"]["translation"]["scheduling"] == "continuous"
     assert args["embeddings"]["model_path"] == MODELS["embeddings"]
     assert args["cache"] == {"enabled": False}
     assert str(tmp_path) in args["jobs"]["store_path"]
@@ -39,6 +40,7 @@ def test_the_continuous_run_differs_only_in_scheduling(tmp_path):
     static = app_config(MODELS, GPU_PLAN, False, 9527, "static", tmp_path)
     continuous = app_config(MODELS, GPU_PLAN, False, 9527, "continuous", tmp_path)
     assert continuous["applications"][0]["args"]["translation"].pop("scheduling") == "continuous"
+    assert static["applications"][0]["args"]["translation"].pop("scheduling") == "static"
     for config in (static, continuous):
         config["applications"][0]["args"]["jobs"].pop("store_path")
     assert static == continuous
@@ -52,3 +54,18 @@ def test_tiny_mode_runs_the_same_deployments_without_a_gpu(tmp_path):
     untouched = copy.deepcopy(_deployments(tiny)["Translator"])
     untouched["ray_actor_options"] = _deployments(gpu)["Translator"]["ray_actor_options"]
     assert untouched == _deployments(gpu)["Translator"]
+
+
+def test_the_gpu_site_packs_only_pinned_packages():
+    """scripts/gpu-site takes each package's version from requirements.lock: one missing there (renamed,
+    dropped by a re-lock) would stop the build where PyPI is reachable, not on the GPU machine."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    script = (root / "scripts" / "gpu-site").read_text()
+    names = re.search(r'NAMES="([^"]+)"', script).group(1).split()
+    lock = {line.split("==")[0].lower() for line in (root / "requirements.lock").read_text().splitlines()
+            if "==" in line and not line.startswith(" ")}
+    assert "ray" in names and "tenacity" in names  # Serve itself, and what serve_app.jobs imports
+    assert [n for n in names if n.lower() not in lock] == []

@@ -10,6 +10,7 @@ from concurrent.futures import CancelledError, ThreadPoolExecutor
 import pytest
 
 from deployments.backends.base import BackendError
+from deployments.backends.slot_decoder import SlotDecoder
 from deployments.batching import Chunk
 from deployments.continuous_batching import ContinuousScheduler
 from deployments.priority import Priority
@@ -37,12 +38,16 @@ class Steps:
             assert self._cond.wait_for(lambda: any(pred(o) for o in self.outcomes), timeout), self.outcomes[-5:]
 
 
-@pytest.fixture
-def scheduler_for(make_backend, tiny_marian_dir):
+@pytest.fixture(params=["tensors", "slots"])
+def scheduler_for(request, make_backend, tiny_marian_dir):
+    """Schedulers over either engine: the CPU's, and the GPU's slots (run eagerly, without graphs)."""
     made = []
 
     def make(**kwargs):
         backend = make_backend(tiny_marian_dir)
+        if request.param == "slots":
+            backend.continuous_decoder = lambda slots=None, cuda_graphs=True: SlotDecoder(
+                backend.model, backend._pad, slots=slots, graphs=False)
         kwargs.setdefault("max_running_sequences", 8)
         kwargs.setdefault("max_cached_tokens", None)
         scheduler = ContinuousScheduler(backend, max_new_tokens=TEST_MAX_NEW_TOKENS, **kwargs)
