@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Optional
 
 import psutil
 
@@ -81,12 +83,16 @@ class Server:
         """Seconds since the server was launched."""
         return time.monotonic() - self.started
 
-    def wait_ready(self, url: str, timeout_s: float) -> float:
-        """Poll `url` until it answers 200; returns the seconds it took."""
-        began = time.monotonic()
+    def wait_ready(self, url: str, timeout_s: float, fatal: Optional[str] = None) -> float:
+        """Poll `url` until it answers 200; returns the seconds it took. `fatal`: a regular expression
+        whose appearance in the log's tail means the server will never be ready (a Serve app that failed
+        to import keeps its launcher running): it fails at once instead of after `timeout_s`."""
+        began, pattern = time.monotonic(), re.compile(fatal) if fatal else None
         while time.monotonic() - began < timeout_s:
             if self.proc.poll() is not None:
                 raise ServerFailed(f"exited with {self.proc.returncode} before ready:\n{_log_tail(self.log)}")
+            if pattern is not None and pattern.search(_log_tail(self.log, 20_000)):
+                raise ServerFailed(f"failed before ready ({fatal!r} in its log):\n{_log_tail(self.log)}")
             try:
                 with urllib.request.urlopen(url, timeout=5) as resp:
                     if resp.status == 200:

@@ -31,6 +31,10 @@ from pathlib import Path
 
 from bench.gpu.common import ROOT, Deadline, Plan, say
 
+#: In a Serve run's log: the application will not start (an import error in the controller's build of
+#: it), while `serve run` and the launcher keep running; seen on a GPU machine lacking a package.
+APP_FAILED = r"Exception importing application|DEPLOY_FAILED"
+
 #: ray_actor_options.num_cpus for --tiny on a 2-core box (the profile asks for 5 CPUs)
 TINY_CPUS = {"Ingress": 0.1, "Translator": 0.25, "Embedder": 0.25}
 
@@ -209,7 +213,8 @@ def run(models: dict, plan: Plan, args, scheduling: str, offline_limit: float | 
     try:
         try:
             result["ready_s"] = round(server.wait_ready(f"{url}/readyz", min(plan.ready_timeout_s,
-                                                                             deadline.left() - 20)), 1)
+                                                                             deadline.left() - 20),
+                                                        fatal=APP_FAILED), 1)
         except ServerFailed as exc:
             result["error"] = f"not ready: {str(exc)[-1500:]}"
             result["readyz"] = get_json(f"{url}/readyz", 5)[1] if server.proc.poll() is None else None

@@ -181,8 +181,9 @@ class SlotDecoder(ContinuousDecoder):
         valid = torch.zeros(n, self._enc_valid.shape[1], device=self.device, dtype=torch.bool)
         valid[:, :width] = mask.bool()
         self._enc_valid.index_copy_(0, slots, valid)
-        state = torch.tensor([[self._col, 0, self.start_id, -1 if r.forced_bos_token_id is None else r.forced_bos_token_id,
-                               r.max_new_tokens, r.min_new_tokens or 0] for r in requests], device=self.device)
+        bos = [-1 if r.forced_bos_token_id is None else r.forced_bos_token_id for r in requests]
+        state = torch.tensor([[self._col, 0, self.start_id, b, r.max_new_tokens, r.min_new_tokens or 0]
+                              for r, b in zip(requests, bos)], device=self.device)
         self._state.index_copy_(0, slots, state)
         for slot, request in zip(free, requests):
             self._slot_rows[slot] = _Row(request, [self.start_id])
@@ -231,8 +232,9 @@ class SlotDecoder(ContinuousDecoder):
             return []
         self._make_room()
         top = max(i for i, row in enumerate(self._slot_rows) if row is not None)
-        key = (_bucket(top + 1, self.smallest_rows), _bucket(self._col + 1, 64), _bucket(max(self._source_of.values()), 32))
-        key = (min(key[0], self._rows_cap), min(key[1], self._self_k.shape[3]), min(key[2], self._cross.shape[4]))
+        key = (min(_bucket(top + 1, self.smallest_rows), self._rows_cap),  # rows, self columns, source columns
+               min(_bucket(self._col + 1, 64), self._self_k.shape[3]),
+               min(_bucket(max(self._source_of.values()), 32), self._cross.shape[4]))
         self._col_t.fill_(self._col)
         out = self._forward(*key) if self._graphs is None else self._graphs.run(key, lambda: self._forward(*key))
         rows = key[0]

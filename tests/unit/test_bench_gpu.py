@@ -69,3 +69,27 @@ def test_the_gpu_site_packs_only_pinned_packages():
             if "==" in line and not line.startswith(" ")}
     assert "ray" in names and "tenacity" in names  # Serve itself, and what serve_app.jobs imports
     assert [n for n in names if n.lower() not in lock] == []
+
+
+def test_the_engine_bench_runs_its_cells_on_a_cpu(tmp_path):
+    """`make bench-gpu-engines` in its CPU form (the tiny M2M100, a few sentences): every engine gets
+    every cell, and continuous decoding answers what solo `generate` answers."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-m", "bench.gpu.engines", "--out", str(tmp_path), "--device", "cpu",
+                           "--tiny", "--records", "12", "--solo", "6", "--batch", "8"],
+                          cwd=root, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((tmp_path / "engines.json").read_text())
+    for workload, cells in (("length_mix", ("saturation", "load_0.5", "at_static_half")), ("fixed", ("saturation",))):
+        engines = report[workload]["cells"]
+        assert set(engines) == {"static", "continuous"}
+        assert all(cell in engines[name] for name in engines for cell in cells if name != "static" or
+                   cell != "at_static_half")
+        assert engines["continuous"]["saturation"]["differing_from_solo"] == 0
+        assert engines["continuous"]["saturation"]["steps"]["engine"] == "ContinuousDecoder"  # the CPU's
+    assert (tmp_path / "engines.png").stat().st_size > 0

@@ -316,6 +316,26 @@ def test_tree_pss_counts_every_process_once_and_pss_never_exceeds_rss():
     assert gone["processes"] == 0
 
 
+def test_a_server_whose_log_says_it_failed_is_not_waited_for(tmp_path):
+    """A Serve app that failed to import leaves its launcher running: wait_ready's `fatal` pattern in the
+    log ends the wait at once (on the GPU machine such a wait cost 2 x 120 s of device time)."""
+    import sys
+    import time
+
+    from bench.compare.procs import Server, ServerFailed
+
+    code = "import time; print('WARNING controller -- Exception importing application x.', flush=True); time.sleep(60)"
+    server = Server([sys.executable, "-c", code], {}, tmp_path / "log.txt", tmp_path)
+    try:
+        began = time.monotonic()
+        with pytest.raises(ServerFailed, match="Exception importing application"):
+            server.wait_ready("http://127.0.0.1:9/readyz", 60, fatal=r"Exception importing application")
+        assert time.monotonic() - began < 20
+    finally:
+        server.proc.kill()
+        server.proc.wait()
+
+
 def test_the_batching_servers_are_contenders_with_serve_app_s_cap_and_infinity_serves_embeddings_only(tmp_path):
     from bench.compare.contenders import CONTENDERS
     from bench.peers.infinity_peer import ENGINE, infinity_argv

@@ -107,42 +107,6 @@ def test_finished_rows_riding_along_until_compaction_change_nothing(case, engine
     assert decoder.running == 0 and decoder.cached_tokens() == 0  # the last finisher empties the tensors
 
 
-@pytest.mark.parametrize("seed", [12, 13])
-def test_slots_shift_and_widen_their_caches_without_changing_outputs(case, monkeypatch, seed):
-    """Small first buffers: columns no live row needs are shifted out, the caches widen when a row
-    needs more, sources longer than the buffer widen it; the outputs stay single `generate`'s."""
-    backend, source, target = case
-    monkeypatch.setattr(SlotDecoder, "initial_columns", 4)
-    monkeypatch.setattr(SlotDecoder, "initial_source", 2)
-    rng = random.Random(seed)
-    requests = make_requests(backend, source, target, TEXTS * 3, rng)
-    decoder = SlotDecoder(backend.model, backend._pad, slots=6, graphs=False)
-    outputs, _ = run_with_random_joins(decoder, requests, rng, max_running=6)
-    assert outputs == {r.tag: solo(backend, r, target) for r in requests}
-    assert decoder._self_k.shape[3] > 4 and decoder._cross.shape[4] > 2 and decoder.shifts > 0
-
-
-def test_the_cpu_gets_the_tensor_engine_and_no_graphs(make_backend, tiny_marian_dir):
-    """Slots and graphs are the GPU's engine: on a CPU a step's cost grows with its rows, so the
-    scheduler's backend gives the engine whose tensors hold only the running rows."""
-    backend = make_backend(tiny_marian_dir)
-    assert type(backend.continuous_decoder(slots=8)) is ContinuousDecoder
-    with pytest.raises(ValueError, match="CUDA graphs need a CUDA model, this one is on cpu"):
-        SlotDecoder(backend.model, backend._pad, slots=8, graphs=True)
-
-
-def test_slots_refuse_more_sequences_than_they_hold(make_backend, tiny_marian_dir):
-    backend = make_backend(tiny_marian_dir)
-    decoder = SlotDecoder(backend.model, backend._pad, slots=2, graphs=False)
-    ids = backend.encode_texts(TEXTS[:3], "en")
-    decoder.join([DecodeRequest(ids[0], 5, None, None, 0), DecodeRequest(ids[1], 5, None, None, 1)])
-    with pytest.raises(ValueError, match="1 sequences cannot join: 2 of 2 slots are taken"):
-        decoder.join([DecodeRequest(ids[2], 5, None, None, 2)])
-    decoder.drop({0})
-    decoder.join([DecodeRequest(ids[2], 5, None, None, 2)])  # the freed slot
-    assert sorted(r.request.tag for r in decoder.rows) == [1, 2]
-
-
 def test_finished_rows_leave_the_caches_at_compaction(make_backend, tiny_marian_dir):
     backend = make_backend(tiny_marian_dir)
     decoder = backend.continuous_decoder()
