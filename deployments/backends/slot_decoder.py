@@ -31,13 +31,16 @@ runs both). Without CUDA (`graphs=False`) the same step runs eagerly: that is ho
 
 from __future__ import annotations
 
+import logging
 from typing import Optional, Sequence
 
 import torch
 from torch.nn import functional as F
 
 from .continuous_decoder import ContinuousDecoder, DecodeRequest, UnsupportedModel, _Row
-from .slot_step import SlotCache, StepGraphs, greedy_choice
+from .slot_step import GraphCaptureError, SlotCache, StepGraphs, greedy_choice
+
+logger = logging.getLogger(__name__)
 
 #: per-slot state columns of `_state` (int64): the step reads them, the host writes them at joins
 _START, _POS, _TOKEN, _BOS, _MAX_NEW, _MIN_NEW = range(6)
@@ -236,7 +239,15 @@ class SlotDecoder(ContinuousDecoder):
                min(_bucket(self._col + 1, 64), self._self_k.shape[3]),
                min(_bucket(max(self._source_of.values()), 32), self._cross.shape[4]))
         self._col_t.fill_(self._col)
-        out = self._forward(*key) if self._graphs is None else self._graphs.run(key, lambda: self._forward(*key))
+        out = None
+        if self._graphs is not None:
+            try:
+                out = self._graphs.run(key, lambda: self._forward(*key))
+            except GraphCaptureError as exc:  # decode on without graphs rather than fail every step
+                logger.warning("%s; this replica decodes without CUDA graphs from now on", exc)
+                self._graphs = None
+        if out is None:
+            out = self._forward(*key)  # the same step again (it writes the same cache column): idempotent
         rows = key[0]
         chosen = out.tolist()
         self._state[:rows, _TOKEN] = out

@@ -69,6 +69,11 @@ def greedy_choice(scores: torch.Tensor, pos: torch.Tensor, bos: torch.Tensor, ma
     return chosen
 
 
+class GraphCaptureError(RuntimeError):
+    """A step could not be captured (an operation this driver or torch cannot record); the step itself ran
+    (the warm-up), so decoding can go on without graphs."""
+
+
 class StepGraphs:
     """One CUDA graph per key (a bucket of shapes), captured on first use; all share one memory pool
     (they never run at once, and each one's output is read before the next replay)."""
@@ -95,12 +100,15 @@ class StepGraphs:
                 forward()
             torch.cuda.current_stream(self.device).wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-                out = forward()
+            try:
+                with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+                    out = forward()
+            except RuntimeError as exc:
+                raise GraphCaptureError(f"capturing the decoding step {key} failed: {exc}") from exc
             found = self._graphs[key] = (graph, out)
             self.captures += 1
         found[0].replay()
         return found[1]
 
 
-__all__ = ["SlotCache", "StepGraphs", "greedy_choice"]
+__all__ = ["GraphCaptureError", "SlotCache", "StepGraphs", "greedy_choice"]

@@ -69,3 +69,30 @@ def test_slots_refuse_more_sequences_than_they_hold(make_backend, tiny_marian_di
     decoder.drop({0})
     decoder.join([DecodeRequest(ids[2], 5, None, None, 2)])  # the freed slot
     assert sorted(r.request.tag for r in decoder.rows) == [1, 2]
+
+
+def test_a_step_that_cannot_be_captured_decodes_on_without_graphs(make_backend, tiny_marian_dir, caplog):
+    """A capture the driver refuses must not fail every step from then on: the decoder logs it once, drops
+    its graphs and runs the step eagerly (the warm-up already wrote the same cache column)."""
+    from deployments.backends.slot_step import GraphCaptureError
+
+    class Refusing:
+        calls = 0
+
+        def run(self, key, forward):
+            Refusing.calls += 1
+            forward()  # the warm-up ran; the capture then failed
+            raise GraphCaptureError(f"capturing the decoding step {key} failed: operation not permitted")
+
+    backend = make_backend(tiny_marian_dir)
+    decoder = SlotDecoder(backend.model, backend._pad, slots=4, graphs=False)
+    decoder._graphs = Refusing()
+    requests = [DecodeRequest(list(ids), 6, 6, None, i) for i, ids in enumerate(backend.encode_texts(TEXTS[:3], "en"))]
+    decoder.join(requests)
+    outputs = {}
+    with caplog.at_level("WARNING"):
+        while decoder.running:
+            outputs.update({r.tag: ids for r, ids in decoder.step()})
+    assert outputs == {r.tag: solo(backend, r, "de") for r in requests}
+    assert Refusing.calls == 1 and decoder._graphs is None
+    assert "decodes without CUDA graphs from now on" in caplog.text
