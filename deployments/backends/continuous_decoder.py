@@ -30,14 +30,13 @@ Supported: Marian (``marian``) and M2M100/NLLB (``m2m_100``). Pure torch, no thr
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
 import torch
 from torch.nn import functional as F
 
-from .generation_rules import UnsupportedModel, generation_rules
+from .generation_rules import UnsupportedModel, generation_rules, greedy_choice
 
 SUPPORTED_MODEL_TYPES = ("marian", "m2m_100")
 
@@ -81,6 +80,11 @@ class ContinuousDecoder:
             int(model.config.max_position_embeddings) - 1 if model_type == "marian" else None)
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
+        long = dict(device=self.device, dtype=torch.long)
+        #: what greedy_choice applies, as tensors on the model's device
+        self._rules = {"eos_t": torch.tensor(self.eos_ids, **long), "min_length": self.min_length,
+                       "bad_t": torch.tensor(self.bad_ids, **long) if self.bad_ids else None,
+                       "forced_eos": self.forced_eos}
         self._reset()
 
     # ------------------------------------------------------------------ state
@@ -194,6 +198,7 @@ class ContinuousDecoder:
         rows, dev = self._rows, self.device
         fed = torch.tensor([len(r.ids) - 1 for r in rows], device=dev)  # each row's position
         tokens = torch.tensor([[r.ids[-1]] for r in rows], device=dev)
+        self._grow_positions(max(len(r.ids) for r in rows))
         hidden = self._embed(tokens, fed)
         columns = self._self_columns()
         self_mask = (torch.arange(columns + 1, device=dev)[None, :] >= (columns - fed)[:, None]).long()
@@ -241,41 +246,44 @@ class ContinuousDecoder:
             self.compact()
         return finished
 
+    def _position_table_size(self) -> int:
+        """Positions the decoder's position table holds now."""
+        table = self.decoder.embed_positions
+        if self.model_type == "marian":
+            return int(table.weight.shape[0])
+        return int(table.weights.shape[0]) - table.padding_idx - 1
+
+    def _grow_positions(self, positions: int) -> bool:
+        """M2M100's sinusoidal table grows on demand inside its own forward; the decoders embed positions
+        themselves, so they grow it first, doubling (few regrowths). True if it grew (its tensor changed)."""
+        if self.model_type == "marian" or positions <= self._position_table_size():
+            return False  # Marian's is fixed: the scheduler refuses outputs longer than it
+        table = self.decoder.embed_positions
+        positions = max(positions, 2 * self._position_table_size())
+        table.make_weights(positions + table.padding_idx + 1 + table.offset, table.embedding_dim, table.padding_idx)
+        return True
+
     def _embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Token + position embeddings of one token per row, each at its own position (as the
-        model's decoder computes them for a batch whose rows all sit at that position)."""
+        model's decoder computes them for a batch whose rows all sit at that position). Positions past
+        the table (rows nothing decodes any more) are clamped: no host synchronisation, so a CUDA graph
+        can replay it; `_grow_positions` first for the rows that decode."""
         dec = self.decoder
         if self.model_type == "marian":
-            return dec.embed_tokens(tokens) * dec.embed_scale + F.embedding(positions[:, None],
-                                                                           dec.embed_positions.weight)
+            table = dec.embed_positions.weight
+            where = positions.clamp(max=table.shape[0] - 1)[:, None]
+            return dec.embed_tokens(tokens) * dec.embed_scale + F.embedding(where, table)
         table = dec.embed_positions
-        index = positions + table.padding_idx + 1
-        if int(index.max()) >= table.weights.size(0):
-            table.make_weights(int(index.max()) + 1 + table.offset, table.embedding_dim, table.padding_idx)
+        index = (positions + table.padding_idx + 1).clamp(max=table.weights.shape[0] - 1)
         position = table.weights.index_select(0, index).view(len(tokens), 1, -1).to(tokens.device)
         return dec.embed_tokens(tokens) + position
 
     def _choose(self, scores: torch.Tensor) -> torch.Tensor:
-        """`generate`'s greedy choice after its logits processors, per row (same order as generate)."""
-        neg = -math.inf
-        if self.bad_ids:
-            scores[:, self.bad_ids] = neg
-        cur = torch.tensor([len(r.ids) for r in self._rows], device=scores.device)
-        min_new = torch.tensor([r.request.min_new_tokens or 0 for r in self._rows], device=scores.device)
-        suppress = ((cur < self.min_length) | (cur - 1 < min_new)).nonzero().flatten()
-        if suppress.numel():
-            scores[suppress[:, None], torch.tensor(self.eos_ids, device=scores.device)[None, :]] = neg
-        for i, row in enumerate(self._rows):
-            if row.done:
-                continue
-            bos = row.request.forced_bos_token_id
-            if bos is not None and len(row.ids) == 1:
-                scores[i] = neg
-                scores[i, bos] = 0
-            if self.forced_eos and len(row.ids) == row.request.max_new_tokens:  # max_length - 1
-                scores[i] = neg
-                scores[i, self.forced_eos] = 0
-        return scores.argmax(dim=-1)
+        """`generate`'s greedy choice after its logits processors, per row (greedy_choice)."""
+        state = torch.tensor([[len(r.ids) - 1, -1 if r.request.forced_bos_token_id is None
+                               else r.request.forced_bos_token_id, r.request.max_new_tokens,
+                               r.request.min_new_tokens or 0] for r in self._rows], device=scores.device)
+        return greedy_choice(scores, state[:, 0], state[:, 1], state[:, 2], state[:, 3], self._rules)
 
 
-__all__ = ["ContinuousDecoder", "DecodeRequest", "SUPPORTED_MODEL_TYPES", "UnsupportedModel"]
+__all__ = ["ContinuousDecoder", "DecodeRequest", "SUPPORTED_MODEL_TYPES", "UnsupportedModel", "greedy_choice"]

@@ -1,8 +1,13 @@
 """What greedy `generate` applies for a seq2seq model's generation config, read once for the continuous
-decoder (continuous_decoder.py), which applies the same per row: or `UnsupportedModel` when the config
-asks for a logits processor it does not apply (its outputs would differ from `generate`'s)."""
+decoders (continuous_decoder.py, slot_decoder.py), which apply the same per row (`greedy_choice`): or
+`UnsupportedModel` when the config asks for a logits processor they do not apply (their outputs would
+differ from `generate`'s)."""
 
 from __future__ import annotations
+
+import math
+
+import torch
 
 #: generation-config fields whose logits processors this decoder does not apply: (field, neutral value)
 _UNSUPPORTED = (
@@ -37,3 +42,23 @@ def generation_rules(model) -> dict:
         raise UnsupportedModel("the model names no decoder_start_token_id or eos_token_id")
     return {"bad": [w[0] for w in bad], "eos": as_list(eos), "forced_eos": as_list(forced_eos),
             "start": int(start), "min_length": int(getattr(gen, "min_length", 0) or 0)}
+
+
+def greedy_choice(scores: torch.Tensor, pos: torch.Tensor, bos: torch.Tensor, max_new: torch.Tensor,
+                  min_new: torch.Tensor, rules: dict) -> torch.Tensor:
+    """The token greedy `generate` picks per row after its logits processors, in its order: single-token
+    bans, min_length / min_new_tokens (EOS banned), forced BOS at the first step (bos >= 0), forced EOS at a
+    row's last step. Tensor ops only (a CUDA graph replays it). `pos`: tokens each row has fed; `rules`:
+    bad_t, eos_t (id tensors), min_length, forced_eos (ids)."""
+    neg = -math.inf
+    if rules["bad_t"] is not None:
+        scores.index_fill_(1, rules["bad_t"], neg)
+    cur = pos + 1  # len(ids)
+    suppress = (cur < rules["min_length"]) | (pos < min_new)
+    eos_t = rules["eos_t"]
+    eos = scores.index_select(1, eos_t)
+    scores.index_copy_(1, eos_t, torch.where(suppress[:, None], torch.full_like(eos, neg), eos))
+    chosen = torch.where((pos == 0) & (bos >= 0), bos, scores.argmax(dim=-1))
+    if rules["forced_eos"]:  # several forced ids: generate's argmax takes the lowest
+        chosen = torch.where(cur == max_new, min(rules["forced_eos"]), chosen)
+    return chosen

@@ -38,7 +38,8 @@ import torch
 from torch.nn import functional as F
 
 from .continuous_decoder import ContinuousDecoder, DecodeRequest, UnsupportedModel, _Row
-from .slot_step import GraphCaptureError, SlotCache, StepGraphs, greedy_choice
+from .generation_rules import greedy_choice
+from .slot_step import GraphCaptureError, SlotCache, StepGraphs
 
 logger = logging.getLogger(__name__)
 
@@ -65,12 +66,12 @@ class SlotDecoder(ContinuousDecoder):
         if getattr(self.config, "_attn_implementation", None) != "sdpa":
             raise UnsupportedModel(f"slot decoding needs sdpa attention, not {self.config._attn_implementation!r}")
         self.slots = int(slots)
-        self.graphs = self.device.type == "cuda" if graphs is None else bool(graphs)
-        if self.graphs and self.device.type != "cuda":
+        graphs = self.device.type == "cuda" if graphs is None else bool(graphs)
+        if graphs and self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA model, this one is on {self.device}")
         layers = self.decoder.layers
         attn = layers[0].encoder_attn
-        self._heads, self._head_dim, self._width = attn.num_heads, attn.head_dim, attn.embed_dim
+        self._heads, self._head_dim = attn.num_heads, attn.head_dim
         # the joiners' cross keys/values of every layer in one projection
         self._cross_w = torch.cat([l.encoder_attn.k_proj.weight for l in layers] +
                                   [l.encoder_attn.v_proj.weight for l in layers])
@@ -81,15 +82,10 @@ class SlotDecoder(ContinuousDecoder):
         self._state = torch.zeros(self._rows_cap, 6, **long)
         self._state[:, _BOS] = -1
         self._col_t = torch.zeros(1, **long)
-        self._rules = {"eos_t": torch.tensor(self.eos_ids, **long), "min_length": self.min_length,
-                       "bad_t": torch.tensor(self.bad_ids, **long) if self.bad_ids else None,
-                       "forced_eos": self.forced_eos}
-        self._graphs = StepGraphs(self.device) if self.graphs else None
-        self._positions_limit = self._position_table_size()
+        self._graphs = StepGraphs(self.device) if graphs else None
         self._alloc(columns=self.initial_columns, source=self.initial_source)
         self._slot_rows: list[Optional[_Row]] = [None] * self._rows_cap
         self._col = 0  # the column the next step writes
-        self._source_of: dict[int, int] = {}  # slot -> its source's token count
         self.shifts = 0  # column shifts made (each a copy of the self caches)
 
     # ------------------------------------------------------------------ buffers
@@ -117,25 +113,14 @@ class SlotDecoder(ContinuousDecoder):
             self._graphs.clear()
 
     @property
+    def graphs(self) -> bool:
+        """Whether steps replay CUDA graphs (false without CUDA, or after a capture the driver refused)."""
+        return self._graphs is not None
+
+    @property
     def captures(self) -> int:
         """CUDA graphs captured so far (each costs a warm-up step and a capture)."""
         return 0 if self._graphs is None else self._graphs.captures
-
-    def _position_table_size(self) -> int:
-        dec = self.decoder
-        if self.model_type == "marian":
-            return int(dec.embed_positions.weight.shape[0])
-        table = dec.embed_positions
-        return int(table.weights.shape[0]) - table.padding_idx - 1
-
-    def _ensure_positions(self, positions: int) -> None:
-        """M2M100's sinusoidal table grows on demand; outside a graph, so grow it ahead of the step."""
-        if positions <= self._positions_limit:
-            return
-        table, positions = self.decoder.embed_positions, max(positions, 2 * self._positions_limit)  # few regrowths
-        table.make_weights(positions + table.padding_idx + 1 + table.offset, table.embedding_dim, table.padding_idx)
-        self._positions_limit = self._position_table_size()
-        self._drop_graphs()
 
     # ------------------------------------------------------------------ the contract
 
@@ -143,7 +128,6 @@ class SlotDecoder(ContinuousDecoder):
         super()._reset()
         if hasattr(self, "_slot_rows"):
             self._slot_rows = [None] * self._rows_cap
-            self._source_of.clear()
             self._col = 0
 
     @property
@@ -157,9 +141,12 @@ class SlotDecoder(ContinuousDecoder):
     def _self_columns(self) -> int:
         return self._col
 
+    def _longest_source(self) -> int:
+        return max((len(row.request.input_ids) for row in self.rows), default=0)
+
     def cached_tokens(self) -> int:
         live = self.running
-        return live * (self._col + max(self._source_of.values(), default=0)) if live else 0
+        return live * (self._col + self._longest_source()) if live else 0
 
     @torch.inference_mode()
     def join(self, requests: Sequence[DecodeRequest]) -> None:
@@ -168,9 +155,8 @@ class SlotDecoder(ContinuousDecoder):
         free = [i for i, row in enumerate(self._slot_rows) if row is None][:len(requests)]
         if len(free) < len(requests) or max(free) >= self.slots:
             raise ValueError(f"{len(requests)} sequences cannot join: {self.running} of {self.slots} slots are taken")
-        if not self.running:
-            self._col = 0
-        self._ensure_positions(max(r.max_new_tokens for r in requests) + 1)
+        if self._grow_positions(max(r.max_new_tokens for r in requests) + 1):  # a graph cannot grow it
+            self._drop_graphs()
         ids, mask = (t.to(self.device) for t in self._pad([r.input_ids for r in requests]))
         width = ids.shape[1]
         if width > self._cross.shape[4]:
@@ -190,7 +176,6 @@ class SlotDecoder(ContinuousDecoder):
         self._state.index_copy_(0, slots, state)
         for slot, request in zip(free, requests):
             self._slot_rows[slot] = _Row(request, [self.start_id])
-            self._source_of[slot] = len(request.input_ids)
 
     def drop(self, tags: set) -> list[DecodeRequest]:
         dropped = []
@@ -205,7 +190,6 @@ class SlotDecoder(ContinuousDecoder):
 
     def _free(self, slot: int) -> None:
         self._slot_rows[slot] = None
-        self._source_of.pop(slot, None)
         if not self.running:
             self._col = 0
 
@@ -237,7 +221,7 @@ class SlotDecoder(ContinuousDecoder):
         top = max(i for i, row in enumerate(self._slot_rows) if row is not None)
         key = (min(_bucket(top + 1, self.smallest_rows), self._rows_cap),  # rows, self columns, source columns
                min(_bucket(self._col + 1, 64), self._self_k.shape[3]),
-               min(_bucket(max(self._source_of.values()), 32), self._cross.shape[4]))
+               min(_bucket(self._longest_source(), 32), self._cross.shape[4]))
         self._col_t.fill_(self._col)
         out = None
         if self._graphs is not None:
@@ -268,14 +252,7 @@ class SlotDecoder(ContinuousDecoder):
         """The step on the first `rows` slots, attending `columns` self and `source` cross columns:
         shapes and buffers fixed per bucket, no host synchronisation (it is what a graph captures)."""
         dec, state = self.decoder, self._state[:rows]
-        pos, tokens = state[:, _POS], state[:, _TOKEN:_TOKEN + 1]
-        if self.model_type == "marian":
-            where = pos.clamp(max=self._positions_limit - 1)[:, None]
-            hidden = dec.embed_tokens(tokens) * dec.embed_scale + F.embedding(where, dec.embed_positions.weight)
-        else:
-            table = dec.embed_positions
-            where = (pos + table.padding_idx + 1).clamp(max=table.weights.shape[0] - 1)
-            hidden = dec.embed_tokens(tokens) + table.weights.index_select(0, where).view(rows, 1, -1)
+        hidden = self._embed(state[:, _TOKEN:_TOKEN + 1], state[:, _POS])  # free rows' positions are clamped
         span = self._arange[:columns]
         self_mask = ((span[None, :] >= state[:, _START, None]) & (span[None, :] <= self._col_t))[:, None, None, :]
         cross_mask = self._enc_valid[:rows, None, None, :source]

@@ -1,10 +1,9 @@
 """The pieces of `SlotDecoder`'s step that a CUDA graph replays (slot_decoder.py): the caches as the
-model's attention layers read them, greedy `generate`'s logits processors as tensor ops, and the graphs
-themselves, one per bucket of shapes, captured on first use into one memory pool."""
+model's attention layers read them, and the graphs themselves, one per bucket of shapes, captured on first
+use into one memory pool."""
 
 from __future__ import annotations
 
-import math
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -49,26 +48,6 @@ class SlotCache(EncoderDecoderCache):
         self.is_updated = {i: True for i in range(len(self.cross_attention_cache.layers))}
 
 
-def greedy_choice(scores: torch.Tensor, pos: torch.Tensor, bos: torch.Tensor, max_new: torch.Tensor,
-                  min_new: torch.Tensor, rules: dict) -> torch.Tensor:
-    """`ContinuousDecoder._choose` as tensor ops, per row, in `generate`'s order: single-token bans,
-    min_length / min_new_tokens (EOS banned), forced BOS at the first step (bos >= 0), forced EOS at a
-    row's last step. `pos`: tokens each row has fed; `rules`: bad_t, eos_t (id tensors), min_length,
-    forced_eos (ids)."""
-    neg = -math.inf
-    if rules["bad_t"] is not None:
-        scores.index_fill_(1, rules["bad_t"], neg)
-    cur = pos + 1  # len(ids)
-    suppress = (cur < rules["min_length"]) | (pos < min_new)
-    eos_t = rules["eos_t"]
-    eos = scores.index_select(1, eos_t)
-    scores.index_copy_(1, eos_t, torch.where(suppress[:, None], torch.full_like(eos, neg), eos))
-    chosen = torch.where((pos == 0) & (bos >= 0), bos, scores.argmax(dim=-1))
-    if rules["forced_eos"]:  # several forced ids: generate's argmax takes the lowest
-        chosen = torch.where(cur == max_new, min(rules["forced_eos"]), chosen)
-    return chosen
-
-
 class GraphCaptureError(RuntimeError):
     """A step could not be captured (an operation this driver or torch cannot record); the step itself ran
     (the warm-up), so decoding can go on without graphs."""
@@ -111,4 +90,4 @@ class StepGraphs:
         return found[1]
 
 
-__all__ = ["GraphCaptureError", "SlotCache", "StepGraphs", "greedy_choice"]
+__all__ = ["GraphCaptureError", "SlotCache", "StepGraphs"]

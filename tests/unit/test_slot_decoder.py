@@ -47,12 +47,11 @@ def test_slots_grow_m2m100_s_position_table_before_a_step_needs_it(make_backend,
     decoder = SlotDecoder(backend.model, backend._pad, slots=4, graphs=False)
     table = backend.model.get_decoder().embed_positions
     table.make_weights(12 + table.padding_idx + 1 + table.offset, table.embedding_dim, table.padding_idx)
-    decoder._positions_limit = decoder._position_table_size()
-    assert decoder._positions_limit == 12 + table.offset
+    assert decoder._position_table_size() == 12 + table.offset
     bos = backend.forced_bos_token_id("pt")
     requests = [DecodeRequest(list(ids), 30, 30, bos, i) for i, ids in enumerate(backend.encode_texts(TEXTS[:3], "en"))]
     decoder.join(requests)
-    assert decoder._positions_limit >= 31
+    assert decoder._position_table_size() >= 31
     outputs = {}
     while decoder.running:
         outputs.update({r.tag: ids for r, ids in decoder.step()})
