@@ -118,9 +118,10 @@ class TranslationSettings(Section):
     cuda_graphs: bool = Field(
         True,
         description="For `scheduling: continuous` on CUDA: sentences decode in fixed slots and each decoding "
-        "step is one CUDA graph replay (captured per bucket of rows, cache and source columns on first use), "
-        "instead of hundreds of kernel launches from Python. false: the CPU's engine, tensors cut to the "
-        "running rows. No effect on CPU.",
+        "step, and each join's encoder pass, is one CUDA graph replay instead of hundreds of kernel launches "
+        "from Python. The replica sizes its caches for `max_new_tokens` and sources of 256 tokens and captures "
+        "every bucket when it starts (on an H100, 60 graphs in 1.7 s). false: the CPU's engine, tensors cut "
+        "to the running rows. No effect on CPU.",
     )
 
     @model_validator(mode="after")

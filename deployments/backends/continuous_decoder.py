@@ -162,6 +162,11 @@ class ContinuousDecoder:
             self._keep(keep)
         return dropped
 
+    def warm_up(self, columns: int = 0, source: int = 0) -> int:
+        """Prepare for outputs of `columns` - 1 tokens and sources of `source` before the first request (the
+        slot engine's CUDA graphs; nothing here); returns how many graphs were captured."""
+        return 0
+
     def compact(self) -> None:
         """Take the finished rows out of the tensors (and the self-attention columns no row needs)."""
         if any(row.done for row in self._rows):

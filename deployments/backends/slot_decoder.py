@@ -1,10 +1,8 @@
 """Continuous greedy decoding in fixed slots, each step one CUDA graph replay (the GPU's engine).
 
-On a GPU a decoding step of a 400M-parameter translation model is ~3 ms of kernels behind 7-9 ms
-of Python launching them (docs/benchmarks/continuous-batching.md), and `ContinuousDecoder` changes
-every tensor's shape at every step, so its steps cannot be replayed. `SlotDecoder` keeps the same
-contract (join, step, drop, compact: the scheduler cannot tell them apart) on tensors whose shapes
-only change in coarse buckets, so a step is one `CUDAGraph.replay()`:
+On a GPU a step of a 400M-parameter model is ~3 ms of kernels behind 7-9 ms of Python launching them,
+and `ContinuousDecoder` changes every shape at every step. `SlotDecoder` keeps its contract (join, step,
+drop, compact) on tensors whose shapes change only in coarse buckets, so a step is one graph replay:
 
 * **slots:** a sequence takes the lowest free row of buffers sized for `slots` sequences and keeps
   it until it finishes; a finished or dropped row is only marked free (nothing is copied). A step
@@ -16,22 +14,23 @@ only change in coarse buckets, so a step is one `CUDAGraph.replay()`:
   layout of `ContinuousDecoder` without the copies. When `col` reaches W the columns no live row
   needs are shifted out (or W doubles); a step attends to the first C columns, C the power of two
   over col.
-* **cross-attention:** keys/values of every layer in one buffer (2, layers, rows, heads, S, head_dim),
-  written for the joiners in one projection (the layers' k/v weights concatenated) and one indexed
-  copy; a step reads the first power-of-two columns over the longest live source.
-* **the step:** token and position embeddings, the model's own decoder layers (its attention
-  implementation, sdpa, with boolean masks), its output projection, and greedy `generate`'s logits
-  processors as tensor ops (bans, min_length/min_new_tokens, forced BOS, forced EOS): one graph per
-  (rows, columns, source) bucket, captured on first use into one shared memory pool. The host
-  reads the chosen ids (the step's one synchronisation) and advances tokens and positions.
+* **cross-attention:** keys/values of every layer in one buffer (2, layers, rows, heads, S, head_dim);
+  a step reads the first power-of-two columns over the longest live source.
+* **joins:** joiners are padded to a bucket (rows, and columns from 32: powers of two) in fixed buffers;
+  their encoder pass, one projection (all layers' k/v weights concatenated) and the copy into their
+  slots are one graph per bucket (padding rows write a scratch row no step reads). Eager, a step with
+  joiners took 5x a plain one (docs/benchmarks/gpu-run-h100-graphs).
+* **warm-up:** `warm_up()` (at replica start) sizes the buffers for the longest output and captures all.
+* **the step:** embeddings, the model's own decoder layers (sdpa, boolean masks), its output projection
+  and greedy `generate`'s logits processors as tensor ops: one graph per (rows, columns, source)
+  bucket, captured on first use. The host reads the chosen ids, the step's one synchronisation.
 
-Outputs equal single-input `generate`, as `ContinuousDecoder`'s do (tests/unit/test_continuous_decoder.py
-runs both). Without CUDA (`graphs=False`) the same step runs eagerly: that is how CI checks it.
+Outputs equal single-input `generate` (tests/unit/test_continuous_decoder.py runs both engines). Without
+CUDA (`graphs=False`) the same code runs eagerly: that is how CI checks it.
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Optional, Sequence
 
 import torch
@@ -39,16 +38,10 @@ from torch.nn import functional as F
 
 from .continuous_decoder import ContinuousDecoder, DecodeRequest, UnsupportedModel, _Row
 from .generation_rules import greedy_choice
-from .slot_step import GraphCaptureError, SlotCache, StepGraphs
-
-logger = logging.getLogger(__name__)
+from .slot_step import SlotCache, StepGraphs, bucket, pad_joiners, sizes
 
 #: per-slot state columns of `_state` (int64): the step reads them, the host writes them at joins
 _START, _POS, _TOKEN, _BOS, _MAX_NEW, _MIN_NEW = range(6)
-
-
-def _bucket(n: int, smallest: int) -> int:
-    return max(smallest, 1 << max(0, n - 1).bit_length())
 
 
 class SlotDecoder(ContinuousDecoder):
@@ -69,20 +62,22 @@ class SlotDecoder(ContinuousDecoder):
         graphs = self.device.type == "cuda" if graphs is None else bool(graphs)
         if graphs and self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA model, this one is on {self.device}")
-        layers = self.decoder.layers
-        attn = layers[0].encoder_attn
-        self._heads, self._head_dim = attn.num_heads, attn.head_dim
+        attn = [layer.encoder_attn for layer in self.decoder.layers]
+        self._heads, self._head_dim = attn[0].num_heads, attn[0].head_dim
         # the joiners' cross keys/values of every layer in one projection
-        self._cross_w = torch.cat([l.encoder_attn.k_proj.weight for l in layers] +
-                                  [l.encoder_attn.v_proj.weight for l in layers])
-        bias = [l.encoder_attn.k_proj.bias for l in layers] + [l.encoder_attn.v_proj.bias for l in layers]
+        self._cross_w = torch.cat([a.k_proj.weight for a in attn] + [a.v_proj.weight for a in attn])
+        bias = [a.k_proj.bias for a in attn] + [a.v_proj.bias for a in attn]
         self._cross_b = None if bias[0] is None else torch.cat(bias)
-        self._rows_cap = _bucket(self.slots, 1)
+        self._rows_cap = bucket(self.slots, 1)
         long = dict(device=self.device, dtype=torch.long)
         self._state = torch.zeros(self._rows_cap, 6, **long)
         self._state[:, _BOS] = -1
         self._col_t = torch.zeros(1, **long)
-        self._graphs = StepGraphs(self.device) if graphs else None
+        self._pad_id = int(pad([[0], []])[0][1, 0])  # what `pad` fills an empty row with
+        #: the joiners' slots; rows past them point at the scratch row `_rows_cap`
+        self._join_slots = torch.full((self._rows_cap,), self._rows_cap, **long)
+        self._graphs = StepGraphs(self.device, graphs, "the decoding step")
+        self._join_graphs = StepGraphs(self.device, graphs, "the joiners' encoder pass")  # refused on its own
         self._alloc(columns=self.initial_columns, source=self.initial_source)
         self._slot_rows: list[Optional[_Row]] = [None] * self._rows_cap
         self._col = 0  # the column the next step writes
@@ -96,7 +91,8 @@ class SlotDecoder(ContinuousDecoder):
         old = (self._self_k, self._self_v, self._cross, self._enc_valid) if hasattr(self, "_self_k") else None
         keys = torch.zeros(n, *shape, columns, self._head_dim, device=self.device, dtype=self.dtype)
         values = torch.zeros_like(keys)
-        cross = torch.zeros(2, n, *shape, source, self._head_dim, device=self.device, dtype=self.dtype)
+        cross = torch.zeros(2, n, self._rows_cap + 1, *shape[1:], source, self._head_dim,  # + a scratch row
+                            device=self.device, dtype=self.dtype)
         valid = torch.zeros(self._rows_cap, source, device=self.device, dtype=torch.bool)
         valid[:, 0] = True  # a free row attends somewhere: no row is ever all masked
         if old is not None:
@@ -106,21 +102,44 @@ class SlotDecoder(ContinuousDecoder):
             cross[..., :s, :], valid[:, :s] = old_cross[..., :s, :], old_valid[:, :s]
         self._self_k, self._self_v, self._cross, self._enc_valid = keys, values, cross, valid
         self._arange = torch.arange(columns, device=self.device)
+        self._join_ids = torch.full((self._rows_cap, source), self._pad_id, device=self.device, dtype=torch.long)
+        self._join_mask = torch.zeros(self._rows_cap, source, device=self.device, dtype=torch.bool)
         self._drop_graphs()
 
     def _drop_graphs(self) -> None:
-        if self._graphs is not None:
-            self._graphs.clear()
+        self._graphs.clear()
+        self._join_graphs.clear()
 
     @property
     def graphs(self) -> bool:
         """Whether steps replay CUDA graphs (false without CUDA, or after a capture the driver refused)."""
-        return self._graphs is not None
+        return self._graphs.enabled
 
     @property
     def captures(self) -> int:
-        """CUDA graphs captured so far (each costs a warm-up step and a capture)."""
-        return 0 if self._graphs is None else self._graphs.captures
+        """CUDA graphs captured so far, steps' and joins' (each costs a warm-up run and a capture)."""
+        return self._graphs.captures + self._join_graphs.captures
+
+    @torch.inference_mode()
+    def warm_up(self, columns: int = 0, source: int = 0) -> int:
+        """Size the buffers for outputs of `columns` - 1 tokens (a live row never spans more: no widening)
+        and sources of `source`, then capture every bucket they allow (steps: rows x columns x source; joins:
+        rows x source); returns how many. Only while nothing decodes (it writes free rows' column 0)."""
+        if self.running or not (self._graphs.enabled or self._join_graphs.enabled):
+            return 0
+        have = (self._self_k.shape[3], self._cross.shape[4])  # columns in whole 64s; sources a power of two
+        if (want := (max(-(-columns // 64) * 64, have[0]), max(bucket(source, 1), have[1]))) != have:
+            self._alloc(*want)
+        before, rows, source = self.captures, self._rows_cap, self._cross.shape[4]
+        self._join_slots.fill_(rows), self._join_mask[:, 0].fill_(True)  # rows to the scratch row, unmasked
+        for width in sizes(min(32, source), source):
+            for n in sizes(1, rows):
+                self._encode_joiners(n, width)
+            for columns in sizes(min(64, self._self_k.shape[3]), self._self_k.shape[3]):
+                for r in sizes(min(self.smallest_rows, rows), rows):
+                    self._run_step((r, columns, width))
+        self._reset()
+        return self.captures - before
 
     # ------------------------------------------------------------------ the contract
 
@@ -157,19 +176,18 @@ class SlotDecoder(ContinuousDecoder):
             raise ValueError(f"{len(requests)} sequences cannot join: {self.running} of {self.slots} slots are taken")
         if self._grow_positions(max(r.max_new_tokens for r in requests) + 1):  # a graph cannot grow it
             self._drop_graphs()
-        ids, mask = (t.to(self.device) for t in self._pad([r.input_ids for r in requests]))
-        width = ids.shape[1]
+        ids, mask = self._pad([r.input_ids for r in requests])
+        n, width = ids.shape
         if width > self._cross.shape[4]:
-            self._alloc(self._self_k.shape[3], _bucket(width, self.initial_source))
-        states = self.encoder(input_ids=ids, attention_mask=mask).last_hidden_state
-        n, layers = len(requests), len(self.decoder.layers)
-        kv = F.linear(states, self._cross_w, self._cross_b)  # (n, width, 2 * layers * d_model)
-        kv = kv.view(n, width, 2, layers, self._heads, self._head_dim).permute(2, 3, 0, 4, 1, 5)
-        slots = torch.tensor(free, device=self.device)
-        self._cross[:, :, slots, :, :width] = kv
-        valid = torch.zeros(n, self._enc_valid.shape[1], device=self.device, dtype=torch.bool)
-        valid[:, :width] = mask.bool()
-        self._enc_valid.index_copy_(0, slots, valid)
+            self._alloc(self._self_k.shape[3], bucket(width, self.initial_source))
+        rows, columns = min(bucket(n, 1), self._rows_cap), min(bucket(width, 32), self._cross.shape[4])
+        staged = pad_joiners(ids, mask, free, rows, columns, self._cross.shape[4], self._pad_id, self._rows_cap)
+        for buffer, host in zip((self._join_ids[:rows, :columns], self._join_mask[:rows], self._join_slots[:rows]),
+                                staged):
+            buffer.copy_(host)
+        self._encode_joiners(rows, columns)
+        slots = self._join_slots[:n]
+        self._enc_valid.index_copy_(0, slots, self._join_mask[:n])
         bos = [-1 if r.forced_bos_token_id is None else r.forced_bos_token_id for r in requests]
         state = torch.tensor([[self._col, 0, self.start_id, b, r.max_new_tokens, r.min_new_tokens or 0]
                               for r, b in zip(requests, bos)], device=self.device)
@@ -219,19 +237,11 @@ class SlotDecoder(ContinuousDecoder):
             return []
         self._make_room()
         top = max(i for i, row in enumerate(self._slot_rows) if row is not None)
-        key = (min(_bucket(top + 1, self.smallest_rows), self._rows_cap),  # rows, self columns, source columns
-               min(_bucket(self._col + 1, 64), self._self_k.shape[3]),
-               min(_bucket(self._longest_source(), 32), self._cross.shape[4]))
+        key = (min(bucket(top + 1, self.smallest_rows), self._rows_cap),  # rows, self columns, source columns
+               min(bucket(self._col + 1, 64), self._self_k.shape[3]),
+               min(bucket(self._longest_source(), 32), self._cross.shape[4]))
         self._col_t.fill_(self._col)
-        out = None
-        if self._graphs is not None:
-            try:
-                out = self._graphs.run(key, lambda: self._forward(*key))
-            except GraphCaptureError as exc:  # decode on without graphs rather than fail every step
-                logger.warning("%s; this replica decodes without CUDA graphs from now on", exc)
-                self._graphs = None
-        if out is None:
-            out = self._forward(*key)  # the same step again (it writes the same cache column): idempotent
+        out = self._run_step(key)
         rows = key[0]
         chosen = out.tolist()
         self._state[:rows, _TOKEN] = out
@@ -247,6 +257,21 @@ class SlotDecoder(ContinuousDecoder):
                 finished.append((row.request, row.ids))
                 self._free(slot)
         return finished
+
+    def _run_step(self, key: tuple[int, int, int]) -> torch.Tensor:
+        return self._graphs(key, lambda: self._forward(*key))
+
+    def _encode_joiners(self, rows: int, columns: int) -> None:
+        self._join_graphs((rows, columns), lambda: self._encode(rows, columns))
+
+    def _encode(self, rows: int, columns: int) -> None:
+        """The joiners' encoder pass on `rows` x `columns` of the join buffers, their cross keys/values
+        written into their slots: no host sync (the model's mask code would check a 2-D mask on the host)."""
+        ids, valid = self._join_ids[:rows, :columns], self._join_mask[:rows, :columns]
+        states = self.encoder(input_ids=ids, attention_mask=valid[:, None, None, :]).last_hidden_state
+        kv = F.linear(states, self._cross_w, self._cross_b)  # (rows, columns, 2 * layers * d_model)
+        kv = kv.view(rows, columns, 2, len(self.decoder.layers), self._heads, self._head_dim)
+        self._cross[:, :, self._join_slots[:rows], :, :columns] = kv.permute(2, 3, 0, 4, 1, 5)
 
     def _forward(self, rows: int, columns: int, source: int) -> torch.Tensor:
         """The step on the first `rows` slots, attending `columns` self and `source` cross columns:

@@ -70,28 +70,96 @@ def test_slots_refuse_more_sequences_than_they_hold(make_backend, tiny_marian_di
     assert sorted(r.request.tag for r in decoder.rows) == [1, 2]
 
 
-def test_a_step_that_cannot_be_captured_decodes_on_without_graphs(make_backend, tiny_marian_dir, caplog):
-    """A capture the driver refuses must not fail every step from then on: the decoder logs it once, drops
-    its graphs and runs the step eagerly (the warm-up already wrote the same cache column)."""
+class _Replayer:
+    """A stand-in for a captured CUDA graph: replay runs the captured call again into the captured output
+    tensor (as a graph writes its outputs' memory), so what the engine reads after a replay is what a
+    graph would have left there."""
+
+    def __init__(self, forward):
+        self.forward, self.replays = forward, 0
+
+    def capture(self):
+        self.out = self.forward()
+        return self, self.out
+
+    def replay(self):
+        self.replays += 1
+        result = self.forward()
+        if self.out is not None:
+            self.out.copy_(result)
+
+
+def _fake_graphs(decoder, refuse: str = "") -> list:
+    """Turn on both graph sets of a CPU decoder with `_Replayer` captures; the set named `refuse` has its
+    first capture refused (after the warm-up call, as a real refusal comes)."""
     from deployments.backends.slot_step import GraphCaptureError
 
-    class Refusing:
-        calls = 0
+    captured = []
+    for name in ("_graphs", "_join_graphs"):
+        graphs = getattr(decoder, name)
+        graphs.enabled = True
 
-        def run(self, key, forward):
-            Refusing.calls += 1
-            forward()  # the warm-up ran; the capture then failed
-            raise GraphCaptureError(f"capturing the decoding step {key} failed: operation not permitted")
+        def capture(forward, name=name):
+            forward()  # the warm-up run
+            if name == refuse:
+                raise GraphCaptureError("operation not permitted when stream is capturing")
+            captured.append(_Replayer(forward))
+            return captured[-1].capture()
+        graphs._capture = capture
+    return captured
 
+
+@pytest.mark.parametrize("refuse", ["_graphs", "_join_graphs"])
+def test_a_capture_the_driver_refuses_runs_on_without_those_graphs(make_backend, tiny_marian_dir, caplog, refuse):
+    """A refused capture must not fail every call from then on: the decoder logs it once, drops that set
+    of graphs (steps' or joins') and runs the call eagerly (the warm-up wrote the same buffers); the
+    other set keeps its graphs."""
     backend = make_backend(tiny_marian_dir)
     decoder = SlotDecoder(backend.model, backend._pad, slots=4, graphs=False)
-    decoder._graphs = Refusing()
+    _fake_graphs(decoder, refuse=refuse)
     requests = [DecodeRequest(list(ids), 6, 6, None, i) for i, ids in enumerate(backend.encode_texts(TEXTS[:3], "en"))]
-    decoder.join(requests)
-    outputs = {}
     with caplog.at_level("WARNING"):
+        decoder.join(requests)
+        outputs = {}
         while decoder.running:
             outputs.update({r.tag: ids for r, ids in decoder.step()})
     assert outputs == {r.tag: solo(backend, r, "de") for r in requests}
-    assert Refusing.calls == 1 and decoder._graphs is None
-    assert "decodes without CUDA graphs from now on" in caplog.text
+    kept = "_join_graphs" if refuse == "_graphs" else "_graphs"
+    assert not getattr(decoder, refuse).enabled and getattr(decoder, kept).enabled
+    assert getattr(decoder, kept).captures == 1 and caplog.text.count("without CUDA graphs from now on") == 1
+
+
+@pytest.mark.parametrize("seed", [21, 22])
+def test_warmed_up_graphs_cover_the_first_buffers_and_replay_the_same_outputs(case, seed):
+    """warm_up captures every bucket of the first buffers (steps: rows x columns x source, joins: rows x
+    source); sentences that fit them then never wait on a capture, and replays (recomputing into the
+    captured outputs) give single `generate`'s outputs, joins padded with scratch rows included."""
+    backend, source, target = case
+    decoder = SlotDecoder(backend.model, backend._pad, slots=6, graphs=False)
+    captured = _fake_graphs(decoder)
+    # slots=6: 8 rows; columns 64, 128; sources 32, 64; joins of 1, 2, 4 or 8 rows
+    assert decoder.warm_up() == (2 * 2 * 1) + (2 * 4) == len(captured)
+    assert decoder.warm_up() == 0 and decoder.running == 0
+    rng = random.Random(seed)
+    requests = make_requests(backend, source, target, TEXTS * 2, rng)
+    outputs, _ = run_with_random_joins(decoder, requests, rng, max_running=6)
+    assert outputs == {r.tag: solo(backend, r, target) for r in requests}
+    assert decoder.captures == len(captured) == 12 and sum(g.replays for g in captured) > len(requests)
+
+
+def test_warm_up_sizes_the_buffers_for_the_longest_output_so_they_never_widen(case):
+    """Sized for outputs of 40 tokens and sources of 100 (columns 64, sources 128), every bucket is captured
+    at once; sentences within those bounds then never widen a buffer nor wait on a capture, however long
+    the batch runs (columns no live row needs are shifted out instead)."""
+    backend, source, target = case
+    decoder = SlotDecoder(backend.model, backend._pad, slots=6, graphs=False)
+    decoder._alloc(4, 2)  # tiny buffers before the warm-up
+    captured = _fake_graphs(decoder)
+    # columns 64 (41 in whole 64s); sources 32, 64, 128; joins of 1, 2, 4, 8 rows; steps of 8 rows
+    assert decoder.warm_up(columns=41, source=100) == 3 * 1 + 3 * 4 == len(captured)
+    assert (decoder._self_k.shape[3], decoder._cross.shape[4]) == (64, 128)
+    rng = random.Random(5)
+    requests = make_requests(backend, source, target, TEXTS * 6, rng, max_tokens=40)
+    outputs, _ = run_with_random_joins(decoder, requests, rng, max_running=6)
+    assert outputs == {r.tag: solo(backend, r, target) for r in requests}
+    assert decoder.captures == len(captured) and decoder._self_k.shape[3] == 64 and decoder.shifts > 0
