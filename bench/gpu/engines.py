@@ -10,14 +10,17 @@ here has no Ray. This drives the engines directly, one worker each, on the same 
   `batch` requests or whatever arrives within `wait_s`; one batch at a time on one model thread), each batch
   decoding its rows' largest drawn length, as a real model's batch runs until its longest output ends;
 * ``continuous``: deployments.continuous_batching.ContinuousScheduler, each sentence its own length (on CUDA
-  its SlotDecoder, one CUDA graph per step; ``--eager`` adds ``continuous-eager``, without graphs).
+  its SlotDecoder: one CUDA graph per step and per join, captured at start; ``--eager`` adds
+  ``continuous-eager``, without graphs; ``--eager-joins`` adds ``continuous-eager-joins``, graphed steps
+  and eager joins).
 
 Workloads: the length mix of bench/gpu/continuous.py (the same texts, draws and seeds) and a fixed one (make
 bench's sentences, `--fixed-tokens` each). Cells: saturation (closed loop), Poisson arrivals at 0.25, 0.5 and
 0.8 x each engine's own saturation (fixed: 0.5) and, for the others, at static's half rate; latency counts from
 the arrival. `--streamer` adds service_streamer's ThreadedStreamer (issue 25's reference peer) in front of the
 same backend. `p50_over_solo`: the median of each request's latency over its sentence's own solo decode
-(`generate`). DIR/engines.json holds every cell.
+(`generate`); `p50_over_solo_continuous`: over the sentence decoded alone by the continuous engine.
+DIR/engines.json holds every cell.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from pathlib import Path
 
 from bench.gpu.common import SOURCE, TARGET, pct, say
 from bench.gpu.continuous import SEED, make_backend, mix_texts, output_lengths
+from bench.gpu.report import plot_engines
 
 
 class StaticEngine:
@@ -81,9 +85,8 @@ class StaticEngine:
 
 
 class StreamerEngine:
-    """service_streamer's ThreadedStreamer (`batch`, `max_latency` = `wait_s`) in front of
-    `backend.translate`, as its README shows; each request from a thread of its own, as Flask would run
-    it, waiting on its future without the library's 20 s limit (deep queues would fail it)."""
+    """service_streamer's ThreadedStreamer (`batch`, `max_latency` = `wait_s`) in front of `backend.translate`
+    (its README's use); each request from its own thread, as Flask runs it, with no 20 s limit on its wait."""
 
     def __init__(self, backend, batch: int, wait_s: float):
         from service_streamer import ThreadedStreamer
@@ -106,10 +109,13 @@ class ContinuousEngine:
         from deployments.continuous_batching import ContinuousScheduler
 
         self.steps: list = []
+        began = time.perf_counter()
         self.scheduler = ContinuousScheduler(backend, max_running_sequences=batch, max_cached_tokens=None,
                                              max_new_tokens=200, join_interval_steps=join_interval_steps,
                                              cuda_graphs=cuda_graphs, on_step=self.steps.append)
         self.scheduler.limits = lambda text, ids: (backend.lengths[text], backend.lengths[text])
+        self.warm_up_s = round(time.perf_counter() - began, 2)  # the scheduler warms its decoder up
+        self.warm_up_captures = getattr(self.scheduler.decoder, "captures", None)
 
     async def close(self) -> None:
         self.scheduler.shutdown()
@@ -158,7 +164,7 @@ async def open_loop(engine, texts: list[str], rate: float, seed: int, solo: dict
     for _ in texts:
         at += rng.expovariate(rate)
         arrivals.append(at)
-    began, latencies, ratios, mismatches = time.perf_counter(), [], [], []
+    began, latencies, ratios, mismatches, engine_ratios = time.perf_counter(), [], [], [], []
 
     async def one(when: float, text: str):
         await asyncio.sleep(max(0.0, when - (time.perf_counter() - began)))
@@ -168,11 +174,15 @@ async def open_loop(engine, texts: list[str], rate: float, seed: int, solo: dict
         differs(text, out, solo, mismatches)
         if text in solo:
             ratios.append(latency / solo[text][0])
+            if len(solo[text]) > 2:
+                engine_ratios.append(latency / solo[text][2])
     await asyncio.gather(*(one(when, text) for when, text in zip(arrivals, texts)))
     cell = {"offered_per_s": round(rate, 2), "p50_s": round(pct(latencies, 0.5), 3),
             "p99_s": round(pct(latencies, 0.99), 3), "requests": len(texts), "differing_from_solo": sum(mismatches)}
     if ratios:
         cell["p50_over_solo"] = round(pct(ratios, 0.5), 2)
+    if engine_ratios:
+        cell["p50_over_solo_continuous"] = round(pct(engine_ratios, 0.5), 2)
     return cell
 
 
@@ -203,28 +213,6 @@ def workload(loop, engines: dict, texts: list[str], clients: int, saturation_req
     return cells
 
 
-def plot(report: dict, path: Path) -> None:
-    """p50 and p99 latency against offered load, one line per engine, the length mix."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharex=True)
-    for name, cell in report["length_mix"]["cells"].items():
-        points = sorted((c["offered_per_s"], c["p50_s"], c["p99_s"]) for k, c in cell.items() if k.startswith("load_"))
-        for axis, index, label in ((axes[0], 1, "p50"), (axes[1], 2, "p99")):
-            axis.plot([p[0] for p in points], [p[index] for p in points], marker="o", label=name)
-            axis.set_title(f"{label} latency, length mix ({report['device']}, {report['model']})", fontsize=9)
-    for axis in axes:
-        axis.set_xlabel("offered requests/s (0.25, 0.5, 0.8 x each engine's saturation)")
-        axis.set_ylabel("seconds")
-        axis.set_yscale("log")
-        axis.grid(alpha=0.3)
-        axis.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -239,11 +227,12 @@ def main() -> None:
                         help="> 1: also a continuous engine joining every N steps")
     parser.add_argument("--streamer", action="store_true", help="also service_streamer (its package installed)")
     parser.add_argument("--eager", action="store_true", help="also continuous decoding without CUDA graphs")
+    parser.add_argument("--eager-joins", action="store_true", help="also continuous with graphed steps only")
     parser.add_argument("--plot", type=Path, help="only draw DIR/engines.png from this engines.json")
     args = parser.parse_args()
     if args.plot:
         args.out.mkdir(parents=True, exist_ok=True)
-        plot(json.loads(args.plot.read_text()), args.out / "engines.png")
+        plot_engines(json.loads(args.plot.read_text()), args.out / "engines.png")
         return
     from bench.gpu.models import build_m2m100_sized, build_tiny_m2m100
     from bench.load import POOL
@@ -269,6 +258,15 @@ def main() -> None:
     if args.join_interval_steps > 1:
         engines[f"continuous-join{args.join_interval_steps}"] = ContinuousEngine(backend, args.batch,
                                                                                 args.join_interval_steps)
+    if args.eager_joins:  # the step graphs only: joins encode eagerly, as before their graphs
+        engines["continuous-eager-joins"] = ContinuousEngine(backend, args.batch)
+        if joins := getattr(engines["continuous-eager-joins"].scheduler.decoder, "_join_graphs", None):
+            joins.enabled = False  # (the CPU's engine has none)
+    loop = asyncio.new_event_loop()
+    for text in solo:  # each sentence alone through the continuous engine: its own solo time
+        start = time.perf_counter()
+        loop.run_until_complete(engines["continuous"].translate(text))
+        solo[text] += (time.perf_counter() - start,)
     import torch
     draws = [backend.lengths[t] for t in texts]
     report = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
@@ -277,8 +275,10 @@ def main() -> None:
               "cudnn_sdp": torch.backends.cuda.cudnn_sdp_enabled(),
               "length_mix": {"records": len(texts), "output_tokens_p50": pct(draws, 0.5),
                              "output_tokens_max": max(draws)},
-              "solo_s_p50": round(statistics.median(t for t, _ in solo.values()), 3)}
-    loop = asyncio.new_event_loop()
+              "solo_s_p50": round(statistics.median(t[0] for t in solo.values()), 3),
+              "solo_continuous_s_p50": round(statistics.median(t[2] for t in solo.values()), 3),
+              "warm_up": {name: {"captured": e.warm_up_captures, "seconds": e.warm_up_s}
+                          for name, e in engines.items() if isinstance(e, ContinuousEngine)}}
     args.out.mkdir(parents=True, exist_ok=True)
     say("length mix")
     report["length_mix"]["cells"] = workload(loop, engines, texts, args.batch, 3 * len(texts) // 2, solo,
@@ -290,7 +290,7 @@ def main() -> None:
                        "cells": workload(loop, engines, fixed, args.batch, 2 * len(fixed), solo, (0.5,), False)}
     report["wall_s"] = round(time.perf_counter() - began, 1)
     (args.out / "engines.json").write_text(json.dumps(report, indent=1))
-    plot(report, args.out / "engines.png")
+    plot_engines(report, args.out / "engines.png")
     for engine in engines.values():
         loop.run_until_complete(engine.close())
     say(f"done in {report['wall_s']} s")

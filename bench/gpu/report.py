@@ -194,3 +194,26 @@ def write(out: Path, res: dict, with_plot: bool = False) -> None:
     (out / "results.md").write_text(markdown(res))
     if with_plot:
         plot(res, out / "results.png")
+
+
+def plot_engines(report: dict, path: Path) -> None:
+    """bench.gpu.engines' engines.png: p50 and p99 latency against offered load, one line per engine, the
+    length mix."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharex=True)
+    for name, cell in report["length_mix"]["cells"].items():
+        points = sorted((c["offered_per_s"], c["p50_s"], c["p99_s"]) for k, c in cell.items() if k.startswith("load_"))
+        for axis, index, label in ((axes[0], 1, "p50"), (axes[1], 2, "p99")):
+            axis.plot([p[0] for p in points], [p[index] for p in points], marker="o", label=name)
+            axis.set_title(f"{label} latency, length mix ({report['device']}, {report['model']})", fontsize=9)
+    for axis in axes:
+        axis.set_xlabel("offered requests/s (0.25, 0.5, 0.8 x each engine's saturation)")
+        axis.set_ylabel("seconds")
+        axis.set_yscale("log")
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)

@@ -92,4 +92,7 @@ def test_the_engine_bench_runs_its_cells_on_a_cpu(tmp_path):
                    cell != "at_static_half")
         assert engines["continuous"]["saturation"]["differing_from_solo"] == 0
         assert engines["continuous"]["saturation"]["steps"]["engine"] == "ContinuousDecoder"  # the CPU's
+    # each sentence's solo time through the continuous engine too, and latencies over it
+    assert report["solo_continuous_s_p50"] > 0 and report["warm_up"]["continuous"]["captured"] is None
+    assert report["length_mix"]["cells"]["continuous"]["load_0.5"]["p50_over_solo_continuous"] > 0
     assert (tmp_path / "engines.png").stat().st_size > 0
