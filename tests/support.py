@@ -45,9 +45,16 @@ def wait_for(condition: Callable[[], Any], timeout_s: float, what: str, interval
         time.sleep(interval_s)
 
 
-def scrape(url: str) -> dict[tuple[str, tuple], float]:
-    """A Prometheus endpoint (Ray's metrics port) as {(name, sorted labels): value}."""
-    return ray_metrics.parse(httpx.get(url, timeout=10).text)
+def scrape(url: str, listening_within_s: float = 30.0) -> dict[tuple[str, tuple], float]:
+    """A Prometheus endpoint (Ray's metrics port) as {(name, sorted labels): value}. Ray's metrics agent
+    writes its port file before it listens (a CI run's first scrape, 17 s after Serve was ready, was
+    refused): a refused connection is retried for `listening_within_s`."""
+    def answer():
+        try:
+            return (httpx.get(url, timeout=10).text,)
+        except httpx.ConnectError:
+            return None
+    return ray_metrics.parse(wait_for(answer, listening_within_s, f"{url} to listen", interval_s=0.5)[0])
 
 
 #: Sum of a metric's samples whose labels include `labels` (Ray prefixes names with `ray_`); the
