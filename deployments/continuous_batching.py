@@ -86,8 +86,9 @@ class ContinuousScheduler:
             raise ValueError(f"join_interval_steps must be >= 1, got {join_interval_steps!r}")
         self.backend = backend
         self.decoder = backend.continuous_decoder(slots=int(max_running_sequences), cuda_graphs=cuda_graphs)
-        began = time.perf_counter()  # before the first request (none waits on a capture); sources past 256 tokens are
-        source = min(getattr(backend, "max_input_length", 256), 256)  # rare: their buffers grow when they come
+        # Before the first request, so none waits on a CUDA graph capture. Sources past 256 tokens are rare:
+        # the buffers grow when one comes.
+        began, source = time.perf_counter(), min(getattr(backend, "max_input_length", 256), 256)
         if captured := self.decoder.warm_up(columns=max_new_tokens + 1, source=source):
             logger.info("continuous decoding: %d CUDA graphs captured in %.1f s", captured, time.perf_counter() - began)
         self._check_length(max_new_tokens, "max_new_tokens")

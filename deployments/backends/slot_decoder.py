@@ -58,7 +58,7 @@ class SlotDecoder(ContinuousDecoder):
             raise ValueError(f"slots must be >= 1, got {slots!r}")
         if getattr(self.config, "_attn_implementation", None) != "sdpa":
             raise UnsupportedModel(f"slot decoding needs sdpa attention, not {self.config._attn_implementation!r}")
-        self.slots = int(slots)
+        self.slots, self._widest_join = int(slots), getattr(self.config, "max_position_embeddings", 0) or 1 << 20
         graphs = self.device.type == "cuda" if graphs is None else bool(graphs)
         if graphs and self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA model, this one is on {self.device}")
@@ -134,7 +134,7 @@ class SlotDecoder(ContinuousDecoder):
         self._join_slots.fill_(rows), self._join_mask[:, 0].fill_(True)  # rows to the scratch row, unmasked
         for width in sizes(min(32, source), source):
             for n in sizes(1, rows):
-                self._encode_joiners(n, width)
+                self._encode_joiners(n, min(width, self._widest_join))  # (the encoder's positions)
             for columns in sizes(min(64, self._self_k.shape[3]), self._self_k.shape[3]):
                 for r in sizes(min(self.smallest_rows, rows), rows):
                     self._run_step((r, columns, width))
@@ -180,14 +180,14 @@ class SlotDecoder(ContinuousDecoder):
         n, width = ids.shape
         if width > self._cross.shape[4]:
             self._alloc(self._self_k.shape[3], bucket(width, self.initial_source))
-        rows, columns = min(bucket(n, 1), self._rows_cap), min(bucket(width, 32), self._cross.shape[4])
+        columns = min(bucket(width, 32), self._cross.shape[4], self._widest_join)  # the encoder's positions
+        rows = min(bucket(n, 1), self._rows_cap)
         staged = pad_joiners(ids, mask, free, rows, columns, self._cross.shape[4], self._pad_id, self._rows_cap)
         for buffer, host in zip((self._join_ids[:rows, :columns], self._join_mask[:rows], self._join_slots[:rows]),
                                 staged):
             buffer.copy_(host)
         self._encode_joiners(rows, columns)
-        slots = self._join_slots[:n]
-        self._enc_valid.index_copy_(0, slots, self._join_mask[:n])
+        self._enc_valid.index_copy_(0, slots := self._join_slots[:n], self._join_mask[:n])
         bos = [-1 if r.forced_bos_token_id is None else r.forced_bos_token_id for r in requests]
         state = torch.tensor([[self._col, 0, self.start_id, b, r.max_new_tokens, r.min_new_tokens or 0]
                               for r, b in zip(requests, bos)], device=self.device)

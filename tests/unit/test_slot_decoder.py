@@ -163,3 +163,34 @@ def test_warm_up_sizes_the_buffers_for_the_longest_output_so_they_never_widen(ca
     outputs, _ = run_with_random_joins(decoder, requests, rng, max_running=6)
     assert outputs == {r.tag: solo(backend, r, target) for r in requests}
     assert decoder.captures == len(captured) and decoder._self_k.shape[3] == 64 and decoder.shifts > 0
+
+
+def test_the_scheduler_warms_the_slots_up_before_its_first_request(make_backend, tiny_marian_dir, monkeypatch):
+    """At start the scheduler sizes the slots for its max_new_tokens and for sources of up to 256 tokens and
+    captures every bucket, joins no wider than the encoder's positions (here as if it had 100); its
+    requests then decode on those graphs alone, answering what solo translation answers."""
+    from deployments.continuous_batching import ContinuousScheduler
+
+    backend = make_backend(tiny_marian_dir)
+    made = []
+
+    def slots(slots=None, cuda_graphs=True):
+        decoder = SlotDecoder(backend.model, backend._pad, slots=slots, graphs=False)
+        decoder._widest_join = 100
+        made.append(_fake_graphs(decoder))  # filled as it captures
+        return decoder
+    monkeypatch.setattr(backend, "continuous_decoder", slots)
+    scheduler = ContinuousScheduler(backend, max_running_sequences=4, max_cached_tokens=None,
+                                    max_new_tokens=backend.max_new_tokens)
+    try:
+        decoder = scheduler.decoder
+        assert (decoder._self_k.shape[3], decoder._cross.shape[4]) == (128, 256)
+        # joins: 1, 2, 4 rows x 32, 64, 100 columns; steps: 4 rows x 64, 128 columns x 32-256 sources
+        assert decoder.captures == len(made[0]) == 3 * 3 + 2 * 4
+        assert max(columns for _, columns in decoder._join_graphs._graphs) == 100
+        replays = sum(g.replays for g in made[0])
+        texts, _ = scheduler.submit(TEXTS[:3], "en", "de").result(timeout=60)
+        assert texts == [backend.translate([text], "en", "de")[0] for text in TEXTS[:3]]
+        assert decoder.captures == len(made[0]) and sum(g.replays for g in made[0]) > replays
+    finally:
+        scheduler.shutdown()
