@@ -10,7 +10,6 @@ already running instead (e.g. `make run` in another terminal).
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,17 +18,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support import MAKE_RUN_CONFIG, register_session_serve, stop_session_serve
+from tests.support import MAKE_RUN_CONFIG, free_port, register_session_serve, stop_session_serve
 
 ROOT = Path(__file__).resolve().parents[1]
 TEST_MAX_BODY_BYTES = 3_000_000
 STARTUP_TIMEOUT_S = float(os.environ.get("SERVE_APP_TEST_STARTUP_TIMEOUT_S", "240"))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_ready(url: str, proc: subprocess.Popen | None, log: Path) -> float:
@@ -60,7 +53,7 @@ def serve_process(tmp_path_factory):
         return
     work = tmp_path_factory.mktemp("serve")
     config, log = work / "serve_config.yaml", work / "serve.log"
-    port = _free_port()
+    port = free_port()
     subprocess.run(
         [sys.executable, "-m", "serve_app.config_check", str(ROOT / os.environ.get("SERVE_APP_TEST_CONFIG", MAKE_RUN_CONFIG)),
          "--port", str(port), "--write", str(config)],

@@ -12,13 +12,9 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from tests.support import free_port
+
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class RedisServer:
@@ -27,7 +23,7 @@ class RedisServer:
             raise RuntimeError("redis-server is not installed: run `make install-test` (Debian's redis-server)")
         self.dir = Path(workdir)
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.port = _free_port()
+        self.port = free_port()
         self.password = password
         self.proc: Optional[subprocess.Popen] = None
 

@@ -2,6 +2,7 @@
 
     python -m bench.gpu.engines --out DIR                       # on a GPU: M2M100-418M-sized, float16
     python -m bench.gpu.engines --out DIR --device cpu --tiny   # the same flow on the tiny model
+    python -m bench.gpu.engines --out DIR --device cpu --marian --naive --batch 32   # the CPU's comparison
 
 bench/gpu/continuous.py drives the Translator replica class and so needs Ray (its @serve.batch); a GPU machine
 here has no Ray. This drives the engines directly, one worker each, on the same backend:
@@ -12,11 +13,13 @@ here has no Ray. This drives the engines directly, one worker each, on the same 
 * ``continuous``: deployments.continuous_batching.ContinuousScheduler, each sentence its own length (on CUDA
   its SlotDecoder: one CUDA graph per step and per join, captured at start; ``--eager`` adds
   ``continuous-eager``, without graphs; ``--eager-joins`` adds ``continuous-eager-joins``, graphed steps
-  and eager joins).
+  and eager joins);
+* ``naive`` (``--naive``): each request's sentence translated alone as it comes, as bench/peers/naive.py's
+  FastAPI route calls the model (bench/gpu/contenders.py has them all).
 
 Workloads: the length mix of bench/gpu/continuous.py (the same texts, draws and seeds) and a fixed one (make
-bench's sentences, `--fixed-tokens` each). Cells: saturation (closed loop), Poisson arrivals at 0.25, 0.5 and
-0.8 x each engine's own saturation (fixed: 0.5) and, for the others, at static's half rate; latency counts from
+bench's sentences, `--fixed-tokens` each). Cells: saturation (closed loop), Poisson arrivals at `--loads` (0.25,
+0.5 and 0.8) x each engine's own saturation (fixed: 0.5) and, for the others, at static's half rate; latency counts from
 the arrival. `--streamer` adds service_streamer's ThreadedStreamer (issue 25's reference peer) in front of the
 same backend. `p50_over_solo`: the median of each request's latency over its sentence's own solo decode
 (`generate`); `p50_over_solo_continuous`: over the sentence decoded alone by the continuous engine.
@@ -31,110 +34,12 @@ import json
 import random
 import statistics
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bench.gpu.common import SOURCE, TARGET, pct, say
+from bench.gpu.contenders import ContinuousEngine, NaiveEngine, StaticEngine, StreamerEngine
 from bench.gpu.continuous import SEED, make_backend, mix_texts, output_lengths
 from bench.gpu.report import plot_engines
-
-
-class StaticEngine:
-    """@serve.batch's batching over `backend.translate`, on one model thread."""
-
-    def __init__(self, backend, batch: int, wait_s: float):
-        self.backend, self.batch, self.wait_s = backend, batch, wait_s
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="static-model")
-        self._queue: asyncio.Queue | None = None
-        self.batches: list[int] = []
-
-    async def close(self) -> None:
-        if self._queue is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-        self._pool.shutdown()
-
-    async def translate(self, text: str) -> str:
-        if self._queue is None:
-            self._queue = asyncio.Queue()
-            self._task = asyncio.get_running_loop().create_task(self._run())
-        future = asyncio.get_running_loop().create_future()
-        await self._queue.put((text, future))
-        return await future
-
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            batch = [await self._queue.get()]
-            closes = loop.time() + self.wait_s
-            while len(batch) < self.batch and (left := closes - loop.time()) > 0:
-                try:
-                    batch.append(await asyncio.wait_for(self._queue.get(), left))
-                except asyncio.TimeoutError:
-                    break
-            self.batches.append(len(batch))
-            try:
-                out = await loop.run_in_executor(self._pool, self.backend.translate, [t for t, _ in batch],
-                                                 SOURCE, TARGET)
-            except Exception as exc:  # noqa: BLE001 - every caller of the batch gets it
-                for _, future in batch:
-                    future.set_exception(exc)
-                continue
-            for (_, future), text in zip(batch, out):
-                future.set_result(text)
-
-
-class StreamerEngine:
-    """service_streamer's ThreadedStreamer (`batch`, `max_latency` = `wait_s`) in front of `backend.translate`
-    (its README's use); each request from its own thread, as Flask runs it, with no 20 s limit on its wait."""
-
-    def __init__(self, backend, batch: int, wait_s: float):
-        from service_streamer import ThreadedStreamer
-
-        self.streamer = ThreadedStreamer(lambda texts: backend.translate(texts, SOURCE, TARGET), batch, wait_s)
-        self._pool = ThreadPoolExecutor(256, thread_name_prefix="streamer-client")
-
-    async def close(self) -> None:
-        self._pool.shutdown()
-
-    async def translate(self, text: str) -> str:
-        return await asyncio.get_running_loop().run_in_executor(
-            self._pool, lambda: self.streamer.submit([text]).result(None)[0])
-
-
-class ContinuousEngine:
-    """ContinuousScheduler with each sentence's drawn length."""
-
-    def __init__(self, backend, batch: int, join_interval_steps: int = 1, cuda_graphs: bool = True):
-        from deployments.continuous_batching import ContinuousScheduler
-
-        self.steps: list = []
-        began = time.perf_counter()
-        self.scheduler = ContinuousScheduler(backend, max_running_sequences=batch, max_cached_tokens=None,
-                                             max_new_tokens=200, join_interval_steps=join_interval_steps,
-                                             cuda_graphs=cuda_graphs, on_step=self.steps.append)
-        self.scheduler.limits = lambda text, ids: (backend.lengths[text], backend.lengths[text])
-        self.warm_up_s = round(time.perf_counter() - began, 2)  # the scheduler warms its decoder up
-        self.warm_up_captures = getattr(self.scheduler.decoder, "captures", None)
-
-    async def close(self) -> None:
-        self.scheduler.shutdown()
-
-    async def translate(self, text: str) -> str:
-        (out, _batch) = await asyncio.wrap_future(self.scheduler.submit([text], SOURCE, TARGET))
-        return out[0]
-
-    def step_figures(self, since: int) -> dict:
-        ok = [o for o in self.steps[since:] if o.running and not o.failed]
-        if not ok:
-            return {}
-        plain, joined = [o.seconds for o in ok if not o.joined], [o.seconds for o in ok if o.joined]
-        decoder = self.scheduler.decoder
-        return {"engine": type(decoder).__name__, "graphs_captured": getattr(decoder, "captures", None),
-                "column_shifts": getattr(decoder, "shifts", None), "steps": len(ok),
-                "mean_running": round(statistics.mean(o.running for o in ok), 1), "steps_with_joins": len(joined),
-                "step_ms_p50_without_joins": round(1000 * pct(plain, 0.5), 2) if plain else None,
-                "step_ms_p50_with_joins": round(1000 * pct(joined, 0.5), 2) if joined else None}
 
 
 def differs(text: str, out: str, solo: dict, mismatches: list) -> None:
@@ -218,6 +123,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--tiny", action="store_true")
+    parser.add_argument("--marian", action="store_true", help="the Marian-sized model (make bench's), for a CPU")
+    parser.add_argument("--naive", action="store_true", help="also naive: each request alone, as it comes")
+    parser.add_argument("--loads", default="0.25,0.5,0.8", help="length mix: x each engine's own saturation")
     parser.add_argument("--records", type=int, default=192, help="length-mix sentences")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--wait-s", type=float, default=0.02)
@@ -236,9 +144,16 @@ def main() -> None:
         return
     from bench.gpu.models import build_m2m100_sized, build_tiny_m2m100
     from bench.load import POOL
+    from bench.peers.models import build_marian_sized
 
     began = time.perf_counter()
-    model_dir = str(build_tiny_m2m100() if args.tiny else build_m2m100_sized(args.device, "float16"))
+    if args.tiny:
+        model = ("tiny M2M100", build_tiny_m2m100)
+    elif args.marian:
+        model = ("Marian-sized random", build_marian_sized)
+    else:
+        model = ("M2M100-418M-sized random", lambda: build_m2m100_sized(args.device, "float16"))
+    model_dir = str(model[1]())
     backend = make_backend(model_dir, args.device)
     texts = mix_texts(backend, args.records, SEED)
     backend.lengths = dict(zip(texts, output_lengths(backend.token_lengths(texts, SOURCE), SEED + 1)))
@@ -250,6 +165,8 @@ def main() -> None:
         out = backend.translate([text], SOURCE, TARGET)[0]
         solo[text] = (time.perf_counter() - start, out)
     engines = {"static": StaticEngine(backend, args.batch, args.wait_s)}
+    if args.naive:
+        engines["naive"] = NaiveEngine(backend)
     if args.streamer:
         engines["service_streamer"] = StreamerEngine(backend, args.batch, args.wait_s)
     engines["continuous"] = ContinuousEngine(backend, args.batch)
@@ -270,7 +187,7 @@ def main() -> None:
     import torch
     draws = [backend.lengths[t] for t in texts]
     report = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
-              "torch": torch.__version__, "model": "tiny M2M100" if args.tiny else "M2M100-418M-sized random",
+              "torch": torch.__version__, "model": model[0],
               "dtype": str(backend.dtype), "batch": args.batch, "wait_s": args.wait_s, "clients": args.batch,
               "cudnn_sdp": torch.backends.cuda.cudnn_sdp_enabled(),
               "length_mix": {"records": len(texts), "output_tokens_p50": pct(draws, 0.5),
@@ -282,7 +199,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     say("length mix")
     report["length_mix"]["cells"] = workload(loop, engines, texts, args.batch, 3 * len(texts) // 2, solo,
-                                             (0.25, 0.5, 0.8), True)
+                                             tuple(float(x) for x in args.loads.split(",")), True)
     (args.out / "engines.json").write_text(json.dumps(report, indent=1))
     say(f"fixed, {args.fixed_tokens} tokens")
     fixed = (list(POOL) * (args.records // len(POOL) + 1))[:args.records]

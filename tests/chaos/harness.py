@@ -23,17 +23,9 @@ import yaml
 
 from serve_app.proxy import proxy_environment
 from serve_app.run import lean_serve_environment
-from tests.support import deep_update, metric_sum, scrape, session_pids, wait_for  # noqa: F401 (re-exported to the chaos tests)
+from tests.support import deep_update, free_port, metric_sum, scrape, session_pids, wait_for  # noqa: F401 (re-exported to the chaos tests)
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _sigint_as_in_a_terminal() -> None:

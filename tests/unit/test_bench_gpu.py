@@ -81,16 +81,17 @@ def test_the_engine_bench_runs_its_cells_on_a_cpu(tmp_path):
 
     root = Path(__file__).resolve().parents[2]
     done = subprocess.run([sys.executable, "-m", "bench.gpu.engines", "--out", str(tmp_path), "--device", "cpu",
-                           "--tiny", "--records", "12", "--solo", "6", "--batch", "8"],
+                           "--tiny", "--records", "12", "--solo", "6", "--batch", "8", "--naive"],
                           cwd=root, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((tmp_path / "engines.json").read_text())
     for workload, cells in (("length_mix", ("saturation", "load_0.5", "at_static_half")), ("fixed", ("saturation",))):
         engines = report[workload]["cells"]
-        assert set(engines) == {"static", "continuous"}
+        assert set(engines) == {"static", "naive", "continuous"}
         assert all(cell in engines[name] for name in engines for cell in cells if name != "static" or
                    cell != "at_static_half")
         assert engines["continuous"]["saturation"]["differing_from_solo"] == 0
+        assert engines["naive"]["saturation"]["differing_from_solo"] == 0  # each sentence alone: solo itself
         assert engines["continuous"]["saturation"]["steps"]["engine"] == "ContinuousDecoder"  # the CPU's
     # each sentence's solo time through the continuous engine too, and latencies over it
     assert report["solo_continuous_s_p50"] > 0 and report["warm_up"]["continuous"]["captured"] is None

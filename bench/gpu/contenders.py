@@ -1,0 +1,129 @@
+"""The contenders of bench/gpu/engines.py, each `await translate(text)` over one backend, no Ray."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from bench.gpu.common import SOURCE, TARGET, pct
+
+
+class StaticEngine:
+    """@serve.batch's batching over `backend.translate`, on one model thread."""
+
+    def __init__(self, backend, batch: int, wait_s: float):
+        self.backend, self.batch, self.wait_s = backend, batch, wait_s
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="static-model")
+        self._queue: asyncio.Queue | None = None
+        self.batches: list[int] = []
+
+    async def close(self) -> None:
+        if self._queue is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        self._pool.shutdown()
+
+    async def translate(self, text: str) -> str:
+        if self._queue is None:
+            self._queue = asyncio.Queue()
+            self._task = asyncio.get_running_loop().create_task(self._run())
+        future = asyncio.get_running_loop().create_future()
+        await self._queue.put((text, future))
+        return await future
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = [await self._queue.get()]
+            closes = loop.time() + self.wait_s
+            while len(batch) < self.batch and (left := closes - loop.time()) > 0:
+                try:
+                    batch.append(await asyncio.wait_for(self._queue.get(), left))
+                except asyncio.TimeoutError:
+                    break
+            self.batches.append(len(batch))
+            try:
+                out = await loop.run_in_executor(self._pool, self.backend.translate, [t for t, _ in batch],
+                                                 SOURCE, TARGET)
+            except Exception as exc:  # noqa: BLE001 - every caller of the batch gets it
+                for _, future in batch:
+                    future.set_exception(exc)
+                continue
+            for (_, future), text in zip(batch, out):
+                future.set_result(text)
+
+
+class StreamerEngine:
+    """service_streamer's ThreadedStreamer (`batch`, `max_latency` = `wait_s`) in front of `backend.translate`
+    (its README's use); each request from its own thread, as Flask runs it, with no 20 s limit on its wait."""
+
+    def __init__(self, backend, batch: int, wait_s: float):
+        from service_streamer import ThreadedStreamer
+
+        self.streamer = ThreadedStreamer(lambda texts: backend.translate(texts, SOURCE, TARGET), batch, wait_s)
+        self._pool = ThreadPoolExecutor(256, thread_name_prefix="streamer-client")
+
+    async def close(self) -> None:
+        self._pool.shutdown()
+
+    async def translate(self, text: str) -> str:
+        return await asyncio.get_running_loop().run_in_executor(
+            self._pool, lambda: self.streamer.submit([text]).result(None)[0])
+
+
+class ContinuousEngine:
+    """ContinuousScheduler with each sentence's drawn length."""
+
+    def __init__(self, backend, batch: int, join_interval_steps: int = 1, cuda_graphs: bool = True):
+        from deployments.continuous_batching import ContinuousScheduler
+
+        self.steps: list = []
+        began = time.perf_counter()
+        self.scheduler = ContinuousScheduler(backend, max_running_sequences=batch, max_cached_tokens=None,
+                                             max_new_tokens=200, join_interval_steps=join_interval_steps,
+                                             cuda_graphs=cuda_graphs, on_step=self.steps.append)
+        self.scheduler.limits = lambda text, ids: (backend.lengths[text], backend.lengths[text])
+        self.warm_up_s = round(time.perf_counter() - began, 2)  # the scheduler warms its decoder up
+        self.warm_up_captures = getattr(self.scheduler.decoder, "captures", None)
+
+    async def close(self) -> None:
+        self.scheduler.shutdown()
+
+    async def translate(self, text: str) -> str:
+        (out, _batch) = await asyncio.wrap_future(self.scheduler.submit([text], SOURCE, TARGET))
+        return out[0]
+
+    def step_figures(self, since: int) -> dict:
+        ok = [o for o in self.steps[since:] if o.running and not o.failed]
+        if not ok:
+            return {}
+        plain, joined = [o.seconds for o in ok if not o.joined], [o.seconds for o in ok if o.joined]
+        decoder = self.scheduler.decoder
+        return {"engine": type(decoder).__name__, "graphs_captured": getattr(decoder, "captures", None),
+                "column_shifts": getattr(decoder, "shifts", None), "steps": len(ok),
+                "mean_running": round(statistics.mean(o.running for o in ok), 1), "steps_with_joins": len(joined),
+                "step_ms_p50_without_joins": round(1000 * pct(plain, 0.5), 2) if plain else None,
+                "step_ms_p50_with_joins": round(1000 * pct(joined, 0.5), 2) if joined else None}
+
+
+class NaiveEngine:
+    """bench/peers/naive.py's way (FastAPI sync routes, the model called once per request) without the HTTP:
+    each request's sentence translated alone as it comes. One model thread: the backend serialises its
+    calls under a lock anyway (the tokenizer's source language is state)."""
+
+    def __init__(self, backend):
+        self.backend = backend
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="naive-model")
+
+    async def close(self) -> None:
+        self._pool.shutdown()
+
+    async def translate(self, text: str) -> str:
+        out = await asyncio.get_running_loop().run_in_executor(self._pool, self.backend.translate, [text], SOURCE,
+                                                               TARGET)
+        return out[0]
+
+
+__all__ = ["ContinuousEngine", "NaiveEngine", "StaticEngine", "StreamerEngine"]
