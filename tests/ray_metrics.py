@@ -11,10 +11,30 @@ than that delay.
 from __future__ import annotations
 
 import glob
+import os
 import time
 import urllib.request
 from pathlib import Path
 from typing import Callable, Optional
+
+
+def _started_at(pid: int) -> float:
+    """When process `pid` started (epoch seconds), or 0.0 if it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        boot = next(int(line.split()[1]) for line in open("/proc/stat") if line.startswith("btime"))
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
+    return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime, in ticks since boot
+
+
+def session_folder(pid: int) -> Optional[Path]:
+    """The Ray session folder of the cluster process `pid` started (Ray names it after that pid), or None
+    yet. PIDs wrap (pid_max is 32768 here) and /tmp/ray keeps old sessions: a folder made before the
+    process started is another's (a ci-local chaos run read a stale session's logs and metrics port)."""
+    born = _started_at(pid) - 2  # btime is whole seconds
+    found = [Path(p) for p in glob.glob(f"/tmp/ray/session_*_{pid}") if os.stat(p).st_ctime >= born]
+    return max(found, key=lambda p: p.stat().st_ctime, default=None)
 
 
 def metrics_url(launcher_pid: int, timeout_s: float = 30.0) -> Optional[str]:
@@ -22,8 +42,8 @@ def metrics_url(launcher_pid: int, timeout_s: float = 30.0) -> Optional[str]:
     named after that pid), or None if it has none after `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        for folder in glob.glob(f"/tmp/ray/session_*_{launcher_pid}"):
-            for port_file in glob.glob(str(Path(folder) / "metrics_export_port_*")):
+        for folder in filter(None, [session_folder(launcher_pid)]):
+            for port_file in glob.glob(str(folder / "metrics_export_port_*")):
                 port = Path(port_file).read_text().strip()
                 if port:
                     return f"http://127.0.0.1:{port}/metrics"

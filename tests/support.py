@@ -42,7 +42,7 @@ def free_port() -> int:
     already in use"). Only ports chosen like this one can collide, and the choice is random."""
     low, _high = (int(x) for x in open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
     for _ in range(200):
-        port = random.randrange(10_000, min(low, 32_768))
+        port = random.randrange(20_000, min(low, 32_768))  # above Ray's worker ports (10002-19999)
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))

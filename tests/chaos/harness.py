@@ -23,6 +23,7 @@ import yaml
 
 from serve_app.proxy import proxy_environment
 from serve_app.run import lean_serve_environment
+from tests.ray_metrics import session_folder
 from tests.support import deep_update, free_port, metric_sum, scrape, session_pids, wait_for  # noqa: F401 (re-exported to the chaos tests)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -158,8 +159,7 @@ class ServeRun:
 
     def session_dir(self) -> Path:
         assert self.proc is not None
-        found = wait_for(lambda: glob.glob(f"/tmp/ray/session_*_{self.proc.pid}"), 30, "the Ray session folder")
-        return Path(found[0])
+        return wait_for(lambda: session_folder(self.proc.pid), 30, "the Ray session folder")
 
     def metrics_port(self) -> int:
         files = wait_for(lambda: glob.glob(str(self.session_dir() / "metrics_export_port_*")), 30,
