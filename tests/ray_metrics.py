@@ -42,11 +42,11 @@ def metrics_url(launcher_pid: int, timeout_s: float = 30.0) -> Optional[str]:
     named after that pid), or None if it has none after `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        for folder in filter(None, [session_folder(launcher_pid)]):
-            for port_file in glob.glob(str(folder / "metrics_export_port_*")):
-                port = Path(port_file).read_text().strip()
-                if port:
-                    return f"http://127.0.0.1:{port}/metrics"
+        folder = session_folder(launcher_pid)
+        for port_file in glob.glob(str(folder / "metrics_export_port_*")) if folder else []:
+            port = Path(port_file).read_text().strip()
+            if port:
+                return f"http://127.0.0.1:{port}/metrics"
         time.sleep(0.5)
     return None
 

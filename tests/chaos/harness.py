@@ -7,7 +7,6 @@ scoped to this run's own session (its Ray processes share the session id of `ser
 
 from __future__ import annotations
 
-import glob
 import os
 import shutil
 import signal
@@ -23,7 +22,7 @@ import yaml
 
 from serve_app.proxy import proxy_environment
 from serve_app.run import lean_serve_environment
-from tests.ray_metrics import session_folder
+from tests.ray_metrics import metrics_url, session_folder
 from tests.support import deep_update, free_port, metric_sum, scrape, session_pids, wait_for  # noqa: F401 (re-exported to the chaos tests)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -161,14 +160,12 @@ class ServeRun:
         assert self.proc is not None
         return wait_for(lambda: session_folder(self.proc.pid), 30, "the Ray session folder")
 
-    def metrics_port(self) -> int:
-        files = wait_for(lambda: glob.glob(str(self.session_dir() / "metrics_export_port_*")), 30,
-                         "Ray's metrics export port file")
-        return int(Path(files[0]).read_text().strip())
-
     def scrape(self) -> dict[tuple[str, tuple], float]:
         """Ray's Prometheus endpoint of this run, as {(name, sorted labels): value}."""
-        return scrape(f"http://127.0.0.1:{self.metrics_port()}/metrics")
+        assert self.proc is not None
+        url = metrics_url(self.proc.pid)
+        assert url, "no metrics port file in this run's Ray session folder after 30 s"
+        return scrape(url)
 
     def replica_logs(self, deployment: str) -> list[Path]:
         return sorted((self.session_dir() / "logs" / "serve").glob(f"replica_serve-app_{deployment}_*.log"))

@@ -4,7 +4,6 @@ metrics port moving after requests."""
 
 from __future__ import annotations
 
-import glob
 import json
 import re
 import subprocess
@@ -13,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.ray_metrics import session_folder
+from tests.ray_metrics import metrics_url
 from tests.support import NO_CACHE, metric_sum, scrape, wait_for
 
 TRANSLATE = {"payload": {"fromLang": "en", "toLang": "pt", "records": [
@@ -64,10 +63,9 @@ def _metrics_url(log: Path) -> str:
     m = re.search(r"ServeReplica:serve-app:Ingress pid=(\d+)", log.read_text(errors="replace"))
     assert m, "no Ingress replica in the serve log"
     sid = subprocess.run(["ps", "-o", "sid=", "-p", m.group(1)], capture_output=True, text=True).stdout.strip()
-    folder = session_folder(int(sid))
-    files = glob.glob(f"{folder}/metrics_export_port_*") if folder else []
-    assert files, f"no metrics port file for session {sid}"
-    return f"http://127.0.0.1:{Path(files[0]).read_text().strip()}/metrics"
+    url = metrics_url(int(sid))
+    assert url, f"no metrics port file for session {sid}"
+    return url
 
 
 # A model's own metrics carry `model` = its deployment's name, wherever it runs: in that
