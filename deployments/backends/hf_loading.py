@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from .base import BackendError, ModelLoadError
+from .cpu_linears import linears_on_onednn
 
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -101,7 +102,9 @@ def load_seq2seq(model: str, source: str, dtype: torch.dtype, device: str, local
         seq2seq = AutoModelForSeq2SeqLM.from_pretrained(source, dtype=dtype, local_files_only=local_files_only)
         seq2seq.to(device)
         seq2seq.eval()
+        seq2seq.requires_grad_(False)  # serving only: no autograd graph, whatever the caller's grad mode
         avoid_per_shape_attention_plans(device)
+        linears_on_onednn(seq2seq)  # float32 on the CPU only: 1.3-2 x faster decoding steps (cpu_linears.py)
     except Exception as exc:  # noqa: BLE001
         raise ModelLoadError(f"cannot load model from {model!r}: {type(exc).__name__}: {exc}") from exc
     if not getattr(seq2seq.config, "is_encoder_decoder", False):
