@@ -8,6 +8,9 @@ matrix-vector pass per row), 12.8 for 8 and 25.5 for 32. oneDNN's matmul on the 
 took 5.3, 7.9, 7.7, 9.0 and 15.1 ms. A decoding step of the whole model went from 16.4 / 36.2 / 63.9 ms
 at 1 / 3 / 32 rows to 12.0 / 18.2 / 42.6 ms (docs/benchmarks/continuous-batching.md, "oneDNN").
 
+The embeddings' torch engine uses it too: MiniLM's texts/s at batches of 8-64 on one thread went from
+95-97 to 173 (docs/benchmarks/onnx.md).
+
 `linears_on_onednn(model)` turns each `nn.Linear` of a float32 CPU model into a `OneDnnLinear` (the same
 module, parameters and tied weights, with that forward) once oneDNN has answered a probe layer as
 `nn.Linear` does; where torch lacks the op or the probe disagrees, the model is left as it was.

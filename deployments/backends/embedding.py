@@ -84,9 +84,12 @@ class SentenceEmbedder(EmbedderBase):
             self._model = AutoModel.from_pretrained(self.model_path, local_files_only=True).to(device).eval()
         except Exception as exc:
             raise ModelLoadError(f"could not load embedding model from {self.model_path}: {exc}") from exc
+        from .cpu_linears import linears_on_onednn
         from .hf_loading import avoid_per_shape_attention_plans
 
         avoid_per_shape_attention_plans(device)  # every batch is padded to a new width
+        self._model.requires_grad_(False)
+        linears_on_onednn(self._model)  # float32 on the CPU only (cpu_linears.py)
         self.max_seq_tokens = min(int(max_seq_tokens), int(self._model.config.max_position_embeddings))
         self.dimensions = int(self._model.config.hidden_size)
         self._torch = torch
