@@ -12,6 +12,7 @@ rewritten after each contender, so a run cut short keeps what it measured.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -163,8 +164,15 @@ def main() -> None:
     parser.add_argument("--append", action="store_true",
                         help="merge into --out's results.json (replacing these workloads' figures) instead of "
                              "starting afresh: a long run in several shorter locked steps")
+    parser.add_argument("--storm-clients", type=int,
+                        help="the client storm's size (default: the profile's; 0: no storm). Past what the ingress "
+                             "admits and holds waiting (64 + 192 in make run), a storm meets 503s")
     args = parser.parse_args()
     profile = PROFILES[args.profile]
+    if args.storm_clients is not None:
+        if args.storm_clients < 0:
+            raise SystemExit(f"--storm-clients must be >= 0, got {args.storm_clients}")
+        profile = dataclasses.replace(profile, storm_clients=args.storm_clients)
     chosen = list(CONTENDERS)
     if args.only:  # in the order given (the first ones measured if a run is cut short)
         by_name = {c.name: c for c in CONTENDERS}
