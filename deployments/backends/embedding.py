@@ -71,6 +71,8 @@ class SentenceEmbedder(EmbedderBase):
         import torch
         from transformers import AutoModel, AutoTokenizer
 
+        from .hf_loading import ready_to_serve
+
         self.model_path = model_path or packaged_minilm_path()
         if not Path(self.model_path).is_dir():
             raise ModelLoadError(f"embedding model folder not found: {self.model_path}")
@@ -81,15 +83,10 @@ class SentenceEmbedder(EmbedderBase):
         self.device = device
         try:
             self._tokenizer = AutoTokenizer.from_pretrained(self.model_path, local_files_only=True)
-            self._model = AutoModel.from_pretrained(self.model_path, local_files_only=True).to(device).eval()
+            # (ready_to_serve takes cuDNN attention out on CUDA: every batch is padded to a new width)
+            self._model = ready_to_serve(AutoModel.from_pretrained(self.model_path, local_files_only=True), device)
         except Exception as exc:
             raise ModelLoadError(f"could not load embedding model from {self.model_path}: {exc}") from exc
-        from .cpu_linears import linears_on_onednn
-        from .hf_loading import avoid_per_shape_attention_plans
-
-        avoid_per_shape_attention_plans(device)  # every batch is padded to a new width
-        self._model.requires_grad_(False)
-        linears_on_onednn(self._model)  # float32 on the CPU only (cpu_linears.py)
         self.max_seq_tokens = min(int(max_seq_tokens), int(self._model.config.max_position_embeddings))
         self.dimensions = int(self._model.config.hidden_size)
         self._torch = torch

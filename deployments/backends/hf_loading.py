@@ -68,6 +68,18 @@ def avoid_per_shape_attention_plans(device: str) -> None:
         torch.backends.cuda.enable_cudnn_sdp(False)
 
 
+def ready_to_serve(model, device: str):
+    """`model` on `device`, set up for serving only, as every torch backend here serves: eval mode, no
+    parameter requiring grad (whatever the caller's grad mode), no cuDNN attention on CUDA, and on the CPU
+    its float32 linear layers on oneDNN (cpu_linears.py: 1.3-2 x faster decoding steps). Returns `model`."""
+    model.to(device)
+    model.eval()
+    model.requires_grad_(False)
+    avoid_per_shape_attention_plans(device)
+    linears_on_onednn(model)
+    return model
+
+
 def _looks_like_path(model: str) -> bool:
     return model.startswith(("/", ".", "~")) or Path(model).is_absolute()
 
@@ -99,12 +111,8 @@ def load_seq2seq(model: str, source: str, dtype: torch.dtype, device: str, local
     from transformers import AutoModelForSeq2SeqLM
 
     try:
-        seq2seq = AutoModelForSeq2SeqLM.from_pretrained(source, dtype=dtype, local_files_only=local_files_only)
-        seq2seq.to(device)
-        seq2seq.eval()
-        seq2seq.requires_grad_(False)  # serving only: no autograd graph, whatever the caller's grad mode
-        avoid_per_shape_attention_plans(device)
-        linears_on_onednn(seq2seq)  # float32 on the CPU only: 1.3-2 x faster decoding steps (cpu_linears.py)
+        seq2seq = ready_to_serve(AutoModelForSeq2SeqLM.from_pretrained(source, dtype=dtype,
+                                                                       local_files_only=local_files_only), device)
     except Exception as exc:  # noqa: BLE001
         raise ModelLoadError(f"cannot load model from {model!r}: {type(exc).__name__}: {exc}") from exc
     if not getattr(seq2seq.config, "is_encoder_decoder", False):
