@@ -63,6 +63,11 @@ class DrainState:
 
 DRAIN = DrainState()
 
+#: The routes admission control governs (model work): these exact paths, and paths under these prefixes
+#: (`/models/<name>/predict`). serve_app/proxy_shedding.py gives HAProxy the same list.
+MODEL_PATHS = ("/translation", "/embeddings", "/v1/embeddings", "/jobs")
+MODEL_PATH_PREFIXES = ("/models/",)
+
 
 def fair_share(limit: int, active_keys: int, configured_keys: int) -> int:
     """Slots one key may hold: `limit` split between the keys with requests in flight (the
@@ -93,8 +98,8 @@ class AdmissionControl:
     """
 
     def __init__(self, app, limit: Callable[[], int], retry_after_s: Callable[[], int],
-                 paths: tuple[str, ...] = ("/translation", "/embeddings", "/v1/embeddings", "/jobs"),
-                 prefixes: tuple[str, ...] = ("/models/",),
+                 paths: tuple[str, ...] = MODEL_PATHS,
+                 prefixes: tuple[str, ...] = MODEL_PATH_PREFIXES,
                  key_of: Callable[[dict], Optional[str]] = lambda scope: None,
                  configured_keys: Callable[[], int] = lambda: 0,
                  max_waiting: Callable[[], int] = lambda: 0, max_wait_s: Callable[[], float] = lambda: 0.0):

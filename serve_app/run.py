@@ -32,6 +32,7 @@ import yaml
 
 from serve_app.proxy import (DEFAULT_HAPROXY_METRICS_PORT, DEFAULT_HAPROXY_STATS_PORT, PROXY_CHOICES,
                              ProxyChoiceError, proxy_environment)
+from serve_app.proxy_shedding import shedding_environment
 
 
 #: Serve's control-plane ticks, slowed: on a 2-core box every process that wakes up takes CPU from
@@ -71,10 +72,13 @@ def _say(message: str) -> None:
         pass
 
 
-def _app_names(config_path: str) -> list[str]:
+def _load_config(config_path: str) -> dict:
     with open(config_path, encoding="utf-8") as f:
-        config = yaml.safe_load(f) or {}
-    return [app.get("name", "default") for app in config.get("applications") or []]
+        return yaml.safe_load(f) or {}
+
+
+def _app_names(config_path: str) -> list[str]:
+    return [app.get("name", "default") for app in _load_config(config_path).get("applications") or []]
 
 
 def _running_ingress_replicas(app_names: list[str]) -> int:
@@ -135,6 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.update(added)
     os.environ.update(lean_serve_environment())
     if proxy == "haproxy":
+        # HAProxy refuses what the Ingress replicas cannot hold (serve_app/proxy_shedding.py).
+        try:
+            os.environ.update(shedding_environment(_load_config(ns.config), os.environ))
+        except (OSError, ValueError, yaml.YAMLError) as exc:  # `serve run` reports a bad config its own way
+            _say(f"serve-app: HAProxy will not refuse excess requests itself: the config did not load ({exc})")
         stats = os.environ.get("RAY_SERVE_HAPROXY_STATS_PORT", DEFAULT_HAPROXY_STATS_PORT)
         metrics = os.environ.get("RAY_SERVE_HAPROXY_METRICS_PORT", DEFAULT_HAPROXY_METRICS_PORT)
         _say(f"serve-app: HTTP proxy: HAProxy (its stats page on :{stats}, Prometheus metrics on :{metrics}; "

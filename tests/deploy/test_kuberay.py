@@ -170,9 +170,12 @@ def test_every_ray_container_serves_through_haproxy_as_make_run_does():
     """The proxy `make run` picks where a binary exists (serve_app/proxy.py), on every Ray pod: Ray's
     HAProxy mode must be set on all nodes before Ray starts."""
     from serve_app.proxy import haproxy_retry_policy
+    from serve_app.proxy_shedding import FASTINTER_VARIABLE, shedding_for_config
 
     for name in KUBERAY_FILES:
-        spec = load_yaml(ROOT / name)["spec"]["rayClusterConfig"]
+        manifest = load_yaml(ROOT / name)
+        spec = manifest["spec"]["rayClusterConfig"]
+        shedding = shedding_for_config(yaml.safe_load(manifest["spec"]["serveConfigV2"]))
         groups = [spec["headGroupSpec"], *spec["workerGroupSpecs"]]
         for group in groups:
             for container in group["template"]["spec"]["containers"]:
@@ -180,6 +183,8 @@ def test_every_ray_container_serves_through_haproxy_as_make_run_does():
                 assert env.get("RAY_SERVE_ENABLE_HA_PROXY") == "1", (name, group.get("groupName", "head"))
                 # ... with the launcher's retry policy (one source).
                 assert env.get("RAY_SERVE_HAPROXY_RETRY_ON") == haproxy_retry_policy(), (name, group.get("groupName", "head"))
+                # ... and refusing what the Ingress replicas of its serveConfigV2 cannot hold (one source).
+                assert env.get(FASTINTER_VARIABLE) == shedding.fastinter_value(), (name, group.get("groupName", "head"))
 
 
 def test_every_ray_container_gets_the_launchers_control_plane_ticks():

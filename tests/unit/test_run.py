@@ -87,3 +87,27 @@ def test_the_launcher_starts_its_own_ray_unless_told_to_join_one(monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", "198.18.0.1:6379")
     assert run.main(["serve_config.yaml"]) == 0 and seen["address"] == "198.18.0.1:6379"
     assert run.main(["serve_config.yaml", "--address", "local"]) == 0 and seen["address"] == "local"
+
+
+def test_with_haproxy_the_launcher_gives_it_the_ingress_replicas_bound(monkeypatch):
+    """serve_app/proxy_shedding.py: HAProxy refuses what the replicas of the config cannot hold;
+    Serve's Python proxy gets nothing of it."""
+    import serve_app.run as run
+    from serve_app.proxy_shedding import FASTINTER_VARIABLE
+
+    seen = {}
+    monkeypatch.setattr(os, "environ", os.environ.copy())
+    monkeypatch.delenv(FASTINTER_VARIABLE, raising=False)
+
+    def record(ns):
+        seen["value"] = os.environ.get(FASTINTER_VARIABLE)
+        return 0
+
+    monkeypatch.setattr(run, "_serve", record)
+    monkeypatch.setattr(run, "proxy_environment", lambda choice, run_dir, *a: ("haproxy", {}))
+    assert run.main(["serve_config.placed.yaml"]) == 0
+    assert seen["value"].startswith("250ms maxconn 256\n")  # 64 admitted + 192 waiting
+    del os.environ[FASTINTER_VARIABLE]
+    seen.clear()
+    monkeypatch.setattr(run, "proxy_environment", lambda choice, run_dir, *a: ("python", {}))
+    assert run.main(["serve_config.placed.yaml"]) == 0 and seen["value"] is None

@@ -1,0 +1,114 @@
+"""HAProxy holds what the Ingress replicas cannot, so that a storm costs no Python time.
+
+Each Ingress replica holds at most `ingress.max_inflight_requests` model requests plus
+`ingress.max_waiting_requests` waiting for a slot (serve_app/admission.py) and answers anything past
+that 503 + Retry-After at once. Behind HAProxy that refusal still costs the replica's Python a
+request, and clients that ignore Retry-After send the next one at once: a storm of 800 such
+clients on 2 replicas (512 held) made ~2,400 refusals a second on the cores the models needed, and
+goodput fell to 0.20x capacity (docs/benchmarks/storm-run-400-800). So, per Ingress replica:
+
+- HAProxy's `maxconn` is max_inflight_requests + max_waiting_requests: it never sends a replica more
+  requests than the replica holds;
+- the rest wait in HAProxy's queue, which costs no CPU, for at most max_wait_s (`timeout queue`);
+  then HAProxy answers the ingress's 503 JSON body with Retry-After itself;
+- other routes than admission's (readiness, model list, job status) leave the queue first.
+
+Measured against refusing at once in HAProxy past one queued request per replica (the obvious
+design, and issue 24's wording): at 800 clients that answered 21,500 503s a second, and the refusal
+loop of the clients and HAProxy took the cores instead: 0.36x capacity, against 0.97x with the
+queue (docs/benchmarks/proxy-queue-run). A refusal that waited paces a client that ignores
+Retry-After; a prompt one does not.
+
+Admission in the replica is unchanged (API-key fair share, the waiting room's deadline, draining)
+and still has the last word; on a cluster, where every node's HAProxy holds this bound on its own,
+it is what bounds a replica. Ray 2.60's HAProxy template has no setting for any of this, so it
+rides in RAY_SERVE_HAPROXY_HEALTH_CHECK_FASTINTER, which Ray writes into each backend's
+`default-server` line (haproxy_retry_policy rides in RAY_SERVE_HAPROXY_RETRY_ON the same way);
+tests/unit/test_proxy_shedding.py renders Ray's template with it and runs the HAProxy it configures.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+from .admission import MODEL_PATH_PREFIXES, MODEL_PATHS
+
+#: The variable that carries the directives, and Ray 2.60's value for it when unset.
+FASTINTER_VARIABLE = "RAY_SERVE_HAPROXY_HEALTH_CHECK_FASTINTER"
+RAY_FASTINTER = "250ms"
+
+#: serve-app's applications in a Serve config, by import path.
+SERVE_APP_IMPORT_PREFIX = "serve_app."
+
+
+@dataclass(frozen=True)
+class ProxyShedding:
+    """What HAProxy sends each Ingress replica, and how long the rest may wait (module docstring)."""
+
+    max_requests_per_replica: int
+    max_queue_wait_s: float
+    retry_after_s: int
+    #: admission's routes under each application's route prefix
+    model_paths: tuple[str, ...] = MODEL_PATHS
+    model_path_prefixes: tuple[str, ...] = MODEL_PATH_PREFIXES
+
+    def backend_directives(self) -> list[str]:
+        """The lines each HAProxy backend gets after its `default-server ... maxconn` line."""
+        timed_out = json.dumps({"error": "No Ingress replica could take the request within "
+                                         f"{self.max_queue_wait_s:g} s (at capacity, or none ready); retry "
+                                         f"after {self.retry_after_s} s.", "error_type": "overloaded"})
+        return [
+            f"timeout queue {max(1, round(self.max_queue_wait_s * 1000))}ms",
+            "acl serve_app_model path " + " ".join(self.model_paths),
+            "acl serve_app_model path_beg " + " ".join(self.model_path_prefixes),
+            # Lower classes leave the queue first: readiness and status calls do not wait behind a storm.
+            "http-request set-priority-class int(1) if serve_app_model",
+            # HAProxy's own 503s (queue timeout, no replica up): the ingress's body, not Ray's bare 500.
+            f"http-error status 503 content-type application/json string '{timed_out}' "
+            f"hdr Retry-After {self.retry_after_s}",
+        ]
+
+    def fastinter_value(self, fastinter: str = RAY_FASTINTER) -> str:
+        """RAY_SERVE_HAPROXY_HEALTH_CHECK_FASTINTER's value: Ray writes `default-server fastinter
+        <it> downinter ... check`, so the value adds `maxconn`, ends that line, adds the
+        directives, and opens a second `default-server` line for the rest of Ray's."""
+        return "\n    ".join([f"{fastinter} maxconn {self.max_requests_per_replica}",
+                              *self.backend_directives(), f"default-server fastinter {fastinter}"])
+
+
+def _under(prefix: str, paths: tuple[str, ...]) -> tuple[str, ...]:
+    base = "/" + prefix.strip("/") if prefix.strip("/") else ""
+    return tuple(base + path for path in paths)
+
+
+def shedding_for_config(config: Mapping[str, Any]) -> Optional[ProxyShedding]:
+    """The bound for a Serve config's serve-app applications (their `args:` and SERVE_APP_INGRESS_*
+    as the replicas read them); with several, the largest of each so that HAProxy never refuses what
+    one of them would hold. None without a serve-app application."""
+    from .settings import load_settings
+
+    found: list[tuple[Any, str]] = []
+    for app in config.get("applications") or []:
+        if str(app.get("import_path", "")).startswith(SERVE_APP_IMPORT_PREFIX):
+            found.append((load_settings(app.get("args")).ingress, app.get("route_prefix") or "/"))
+    if not found:
+        return None
+    return ProxyShedding(
+        max_requests_per_replica=max(s.max_inflight_requests + s.max_waiting_requests for s, _ in found),
+        max_queue_wait_s=max(s.max_wait_s for s, _ in found),
+        retry_after_s=max(s.retry_after_s for s, _ in found),
+        model_paths=tuple(dict.fromkeys(p for _, prefix in found for p in _under(prefix, MODEL_PATHS))),
+        model_path_prefixes=tuple(dict.fromkeys(
+            p for _, prefix in found for p in _under(prefix, MODEL_PATH_PREFIXES))),
+    )
+
+
+def shedding_environment(config: Mapping[str, Any], environ: Mapping[str, str]) -> dict[str, str]:
+    """{FASTINTER_VARIABLE: ...} for `config`; nothing when the user set that variable (theirs wins,
+    and HAProxy then does not shed) or the config has no serve-app application."""
+    shedding = shedding_for_config(config)
+    if FASTINTER_VARIABLE in environ or shedding is None:
+        return {}
+    return {FASTINTER_VARIABLE: shedding.fastinter_value()}

@@ -1,0 +1,206 @@
+"""HAProxy refuses what the Ingress replicas cannot hold (serve_app/proxy_shedding.py).
+
+The config is Ray 2.60's own: `HAProxyApi` renders its template with the variable the launcher sets,
+and the HAProxy binary Ray would start runs it in front of a stand-in replica (a threaded HTTP
+server that holds model requests until the test lets them go), so the checks are on what HAProxy
+does, not on the text of its config."""
+
+from __future__ import annotations
+
+import csv
+import json
+import socket
+import subprocess
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+import pytest
+import yaml
+
+from serve_app import proxy
+from serve_app.proxy_shedding import (FASTINTER_VARIABLE, ProxyShedding, shedding_environment,
+                                      shedding_for_config)
+from tests.support import free_port, wait_for
+
+APP = {"name": "serve-app", "route_prefix": "/", "import_path": "serve_app.builder:build_app"}
+
+
+def test_the_bound_is_what_each_ingress_replica_holds_admitted_plus_waiting():
+    config = yaml.safe_load(open("serve_config.placed.yaml"))
+    shedding = shedding_for_config(config)
+    ingress = config["applications"][0]["args"]["ingress"]
+    assert shedding.max_requests_per_replica == ingress["max_inflight_requests"] + ingress["max_waiting_requests"]
+    assert shedding.max_queue_wait_s == ingress["max_wait_s"]
+    assert shedding.model_paths == ("/translation", "/embeddings", "/v1/embeddings", "/jobs")
+
+
+def test_the_environment_and_the_settings_defaults_count_like_the_replicas(monkeypatch):
+    monkeypatch.setenv("SERVE_APP_INGRESS_MAX_INFLIGHT_REQUESTS", "10")
+    shedding = shedding_for_config({"applications": [dict(APP, args={"ingress": {"max_waiting_requests": 5}})]})
+    assert (shedding.max_requests_per_replica, shedding.max_queue_wait_s, shedding.retry_after_s) == (15, 2.0, 2)
+
+
+def test_several_applications_get_the_largest_bound_and_their_own_routes():
+    apps = [dict(APP, name="a", args={"ingress": {"max_inflight_requests": 8, "max_wait_s": 1}}),
+            dict(APP, name="b", route_prefix="/b/", args={"ingress": {"max_inflight_requests": 4, "retry_after_s": 5}}),
+            {"name": "other", "route_prefix": "/o", "import_path": "elsewhere:app"}]
+    shedding = shedding_for_config({"applications": apps})
+    assert (shedding.max_requests_per_replica, shedding.max_queue_wait_s, shedding.retry_after_s) == (8, 2.0, 5)
+    assert "/b/translation" in shedding.model_paths and "/translation" in shedding.model_paths
+    assert shedding.model_path_prefixes == ("/models/", "/b/models/")
+    assert not any(path.startswith("/o") for path in shedding.model_paths)
+
+
+def test_no_serve_app_application_or_a_users_own_value_leaves_haproxy_as_ray_configures_it():
+    other = {"applications": [{"name": "x", "import_path": "elsewhere:app"}]}
+    assert shedding_for_config(other) is None and shedding_environment(other, {}) == {}
+    mine = {"applications": [APP]}
+    assert shedding_environment(mine, {FASTINTER_VARIABLE: "1s"}) == {}
+    assert shedding_environment(mine, {})[FASTINTER_VARIABLE].startswith("250ms maxconn 64\n")
+
+
+# --- the HAProxy that Ray 2.60 configures with it ------------------------------------------------
+
+class StandInReplica(ThreadingHTTPServer):
+    """Answers health checks and GETs at once; holds every POST until `release` is called, and
+    records the paths it received, in order."""
+
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+        self.held = threading.Semaphore(0)
+        self.lock = threading.Lock()
+        super().__init__(("127.0.0.1", free_port()), _Handler)
+
+    def release(self, count: int = 1) -> None:
+        for _ in range(count):
+            self.held.release()
+
+    def posts(self) -> int:
+        with self.lock:
+            return sum(1 for path in self.seen if path != "GET /readyz")
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def _answer(self) -> None:
+        body = b"{}"
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        if self.path != "/-/healthz":
+            with self.server.lock:
+                self.server.seen.append(f"GET {self.path}")
+        self._answer()
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        with self.server.lock:
+            self.server.seen.append(f"POST {self.path}")
+        self.server.held.acquire(timeout=60)
+        self._answer()
+
+
+@pytest.fixture
+def haproxy_in_front(tmp_path):
+    """(HAProxy's URL, the stand-in replica) with SHEDDING, on a config Ray 2.60 rendered."""
+    haproxy_module = pytest.importorskip("ray.serve._private.haproxy")
+    from ray.serve.config import HTTPOptions
+
+    binary = proxy.haproxy_binary()
+    if binary is None:
+        pytest.skip("no HAProxy binary")
+    replica = StandInReplica()
+    threading.Thread(target=replica.serve_forever, daemon=True).start()
+    port = free_port()
+    cfg = haproxy_module.HAProxyConfig(
+        socket_path=str(tmp_path / "admin.sock"), server_state_base=str(tmp_path),
+        server_state_file=str(tmp_path / "server-state"), enable_hap_optimization=False,
+        stats_port=free_port(), metrics_port=free_port(), metrics_enabled=False, nbthread=2,
+        http_options=HTTPOptions(host="127.0.0.1", port=port), has_received_routes=True,
+        has_received_servers=True, health_check_fastinter=SHEDDING.fastinter_value())
+    backend = haproxy_module.BackendConfig(
+        name="serve-app", path_prefix="/", app_name="serve-app",
+        servers=[haproxy_module.ServerConfig(name="replica", host="127.0.0.1", port=replica.server_address[1])])
+    api = haproxy_module.HAProxyApi(cfg, {"serve-app": backend}, config_file_path=str(tmp_path / "haproxy.cfg"))
+    api._generate_config_file_internal()
+    checked = subprocess.run([binary, "-c", "-f", str(tmp_path / "haproxy.cfg")], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    process = subprocess.Popen([binary, "-db", "-f", str(tmp_path / "haproxy.cfg")],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: httpx.get(f"{url}/readyz", timeout=2).status_code == 200, 30, "HAProxy")
+        with replica.lock:
+            replica.seen.clear()
+        yield url, replica, lambda: _queued(tmp_path / "admin.sock")
+    finally:
+        replica.release(100)
+        process.kill()
+        process.wait(10)
+        replica.shutdown()
+        replica.server_close()
+
+
+def _queued(admin_socket) -> int:
+    """Requests in the backend's queue, from HAProxy's admin socket (`show stat`, column qcur)."""
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.connect(str(admin_socket))
+        sock.sendall(b"show stat\n")
+        text = b"".join(iter(lambda: sock.recv(65536), b"")).decode()
+    rows = csv.DictReader(text.lstrip("# ").splitlines())
+    return sum(int(row["qcur"] or 0) for row in rows if row["pxname"] == "serve-app" and row["svname"] == "BACKEND")
+
+
+SHEDDING = ProxyShedding(max_requests_per_replica=2, max_queue_wait_s=1.5, retry_after_s=3)
+
+
+def _post(url: str, path: str = "/translation") -> httpx.Response:
+    return httpx.post(url + path, json={"payload": {}}, timeout=30)
+
+
+def test_haproxy_sends_a_replica_no_more_than_it_holds_and_queues_the_rest(haproxy_in_front):
+    url, replica, queued_in_haproxy = haproxy_in_front
+    with ThreadPoolExecutor(8) as pool:
+        held = [pool.submit(_post, url) for _ in range(2)]
+        wait_for(lambda: replica.posts() == 2, 10, "the replica to hold 2 requests")
+        queued = [pool.submit(_post, url, path) for path in ("/v1/embeddings", "/models/iris/predict")]
+        wait_for(lambda: queued_in_haproxy() == 2, 10, "2 requests in HAProxy's queue")
+        assert replica.posts() == 2  # the replica got no more than it holds
+        # Not a model route: it leaves the queue before the model requests queued ahead of it.
+        status = pool.submit(httpx.get, f"{url}/readyz", timeout=30)
+        wait_for(lambda: queued_in_haproxy() == 3, 10, "the GET in HAProxy's queue")
+        replica.release()
+        assert status.result().status_code == 200
+        replica.release(4)
+        assert [f.result().status_code for f in [*held, *queued]] == [200] * 4
+    assert replica.seen[:3] == ["POST /translation"] * 2 + ["GET /readyz"]
+    assert sorted(replica.seen[3:]) == ["POST /models/iris/predict", "POST /v1/embeddings"]
+
+
+def test_a_request_that_waits_longer_than_max_wait_s_gets_the_overloaded_503(haproxy_in_front):
+    url, replica, _ = haproxy_in_front
+    with ThreadPoolExecutor(4) as pool:
+        held = [pool.submit(_post, url) for _ in range(2)]
+        wait_for(lambda: replica.posts() == 2, 10, "the replica to hold 2 requests")
+        timed_out = _post(url)  # queued; nothing frees within 1.5 s
+        assert timed_out.status_code == 503, timed_out.text
+        assert timed_out.headers["retry-after"] == "3"
+        assert timed_out.headers["content-type"] == "application/json"
+        body = json.loads(timed_out.text)
+        assert body["error_type"] == "overloaded" and "within 1.5 s" in body["error"]
+        assert "retry after 3 s" in body["error"]
+        replica.release(2)
+        assert [f.result().status_code for f in held] == [200, 200]
+    assert replica.posts() == 2
