@@ -65,9 +65,10 @@ class ProxyShedding:
             "acl serve_app_model path_beg " + " ".join(self.model_path_prefixes),
             # Lower classes leave the queue first: readiness and status calls do not wait behind a storm.
             "http-request set-priority-class int(1) if serve_app_model",
-            # HAProxy's own 503s (queue timeout, no replica up): the ingress's body, not Ray's bare 500.
+            # HAProxy's own 503s (queue timeout, no replica up): the ingress's body, not Ray's bare 500,
+            # and the caller's request id echoed as the replicas do.
             f"http-error status 503 content-type application/json string '{timed_out}' "
-            f"hdr Retry-After {self.retry_after_s}",
+            f"hdr Retry-After {self.retry_after_s} hdr X-Request-Id %[req.hdr(x-request-id)]",
         ]
 
     def fastinter_value(self, fastinter: str = RAY_FASTINTER) -> str:

@@ -108,7 +108,8 @@ class IngressSettings(Section):
     max_wait_s: float = Field(
         2.0, gt=0,
         description="Longest a request in the waiting room (max_waiting_requests) waits for a slot; then 503 "
-        "+ Retry-After.",
+        "+ Retry-After. Behind HAProxy, requests past what the replicas hold (max_inflight_requests + "
+        "max_waiting_requests each) first wait up to this long in HAProxy's queue (serve_app/proxy_shedding.py).",
     )
     readiness_timeout_s: float = Field(
         2.0, gt=0,

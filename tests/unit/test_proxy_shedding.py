@@ -194,7 +194,9 @@ def test_a_request_that_waits_longer_than_max_wait_s_gets_the_overloaded_503(hap
     with ThreadPoolExecutor(4) as pool:
         held = [pool.submit(_post, url) for _ in range(2)]
         wait_for(lambda: replica.posts() == 2, 10, "the replica to hold 2 requests")
-        timed_out = _post(url)  # queued; nothing frees within 1.5 s
+        timed_out = httpx.post(url + "/translation", json={"payload": {}}, headers={"X-Request-Id": "abc-1"},
+                               timeout=30)  # queued; nothing frees within 1.5 s
+        assert timed_out.headers["x-request-id"] == "abc-1"
         assert timed_out.status_code == 503, timed_out.text
         assert timed_out.headers["retry-after"] == "3"
         assert timed_out.headers["content-type"] == "application/json"
