@@ -15,7 +15,7 @@ goodput fell to 0.20x capacity (docs/benchmarks/storm-run-400-800). So, per Ingr
 
 Measured against refusing at once in HAProxy past one queued request per replica (the obvious
 design, and issue 24's wording): at 800 clients that answered 21,500 503s a second, and the refusal
-loop of the clients and HAProxy took the cores instead: 0.36x capacity, against 0.97x with the
+loop of the clients and HAProxy took the cores instead: 0.36x capacity, against 0.93x with the
 queue (docs/benchmarks/proxy-queue-run). A refusal that waited paces a client that ignores
 Retry-After; a prompt one does not.
 
