@@ -126,4 +126,42 @@ class NaiveEngine:
         return out[0]
 
 
-__all__ = ["ContinuousEngine", "NaiveEngine", "StaticEngine", "StreamerEngine"]
+def _load_for_mlpool(model_dir: str, device: str):
+    """MLPool's loader, run in its worker process: the same backend as every other engine's."""
+    from bench.gpu.continuous import make_backend
+
+    return make_backend(model_dir, device)
+
+
+def _translate_for_mlpool(backend, text: str, tokens: int) -> str:
+    """MLPool's job: one sentence at its drawn length (the worker's backend has no draws of its own)."""
+    backend.lengths = {text: tokens}
+    return backend.translate([text], SOURCE, TARGET)[0]
+
+
+class MLPoolEngine:
+    """MLPool 0.1.0 as bench/peers/mlpool_peer.py serves it, without the HTTP: one job per request (it does not
+    batch across requests) on its worker process, the library's default count (CPU count - 1: 1 here) with the
+    same backend (1 thread), each job given its sentence's drawn length."""
+
+    def __init__(self, backend, model_dir: str, device: str):
+        from functools import partial
+
+        from ml_pool import MLPool
+        from ml_pool.config import Config
+
+        self.backend = backend
+        self.pool = MLPool(models_to_load={"model": partial(_load_for_mlpool, model_dir, device)},
+                           nb_workers=Config.WORKERS_COUNT)
+        self.pool.__enter__()
+
+    async def close(self) -> None:
+        self.pool.__exit__(None, None, None)
+
+    async def translate(self, text: str) -> str:
+        job = await self.pool.create_job_async(score_model_function=_translate_for_mlpool, model_name="model",
+                                               args=(text, self.backend.lengths[text]))
+        return await self.pool.get_result_async(job)
+
+
+__all__ = ["ContinuousEngine", "MLPoolEngine", "NaiveEngine", "StaticEngine", "StreamerEngine"]

@@ -21,9 +21,9 @@ Workloads: the length mix of bench/gpu/continuous.py (the same texts, draws and 
 bench's sentences, `--fixed-tokens` each). Cells: saturation (closed loop), Poisson arrivals at `--loads` (0.25,
 0.5 and 0.8) x each engine's own saturation (fixed: 0.5) and, for the others, at static's half rate; latency counts from
 the arrival. `--streamer` adds service_streamer's ThreadedStreamer (issue 25's reference peer) in front of the
-same backend. `p50_over_solo`: the median of each request's latency over its sentence's own solo decode
-(`generate`); `p50_over_solo_continuous`: over the sentence decoded alone by the continuous engine.
-DIR/engines.json holds every cell.
+same backend, `--mlpool` MLPool's worker process (one job per request) on its own copy of it.
+`p50_over_solo`: the median of each request's latency over its sentence's own solo decode (`generate`);
+`p50_over_solo_continuous`: over the sentence decoded alone by the continuous engine. DIR/engines.json holds every cell.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 from bench.gpu.common import SOURCE, TARGET, pct, say
-from bench.gpu.contenders import ContinuousEngine, NaiveEngine, StaticEngine, StreamerEngine
+from bench.gpu.contenders import ContinuousEngine, MLPoolEngine, NaiveEngine, StaticEngine, StreamerEngine
 from bench.gpu.continuous import SEED, make_backend, mix_texts, output_lengths
 from bench.gpu.report import plot_engines
 
@@ -134,6 +134,7 @@ def main() -> None:
     parser.add_argument("--join-interval-steps", type=int, default=1,
                         help="> 1: also a continuous engine joining every N steps")
     parser.add_argument("--streamer", action="store_true", help="also service_streamer (its package installed)")
+    parser.add_argument("--mlpool", action="store_true", help="also MLPool (its package installed): one job per request")
     parser.add_argument("--eager", action="store_true", help="also continuous decoding without CUDA graphs")
     parser.add_argument("--eager-joins", action="store_true", help="also continuous with graphed steps only")
     parser.add_argument("--plot", type=Path, help="only draw DIR/engines.png from this engines.json")
@@ -169,6 +170,8 @@ def main() -> None:
         engines["naive"] = NaiveEngine(backend)
     if args.streamer:
         engines["service_streamer"] = StreamerEngine(backend, args.batch, args.wait_s)
+    if args.mlpool:
+        engines["mlpool"] = MLPoolEngine(backend, model_dir, args.device)
     engines["continuous"] = ContinuousEngine(backend, args.batch)
     if args.eager:
         engines["continuous-eager"] = ContinuousEngine(backend, args.batch, cuda_graphs=False)

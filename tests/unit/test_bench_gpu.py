@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import copy
 
+import pytest
+
 from bench.gpu.common import GPU_PLAN, TINY_PLAN
 from bench.gpu.serving import app_config
 from deploy.serve_profiles import serve_config
@@ -97,3 +99,23 @@ def test_the_engine_bench_runs_its_cells_on_a_cpu(tmp_path):
     assert report["solo_continuous_s_p50"] > 0 and report["warm_up"]["continuous"]["captured"] is None
     assert report["length_mix"]["cells"]["continuous"]["load_0.5"]["p50_over_solo_continuous"] > 0
     assert (tmp_path / "engines.png").stat().st_size > 0
+
+
+def test_the_engine_bench_runs_mlpool_one_job_per_sentence_at_its_drawn_length(tmp_path):
+    """`--mlpool` (the bench extra's MLPool): its worker process loads the same backend and decodes each
+    sentence alone at the length drawn for it, so its answers are solo `generate`'s."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("ml_pool", reason="MLPool is in the bench extra (make bench installs it)")
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-m", "bench.gpu.engines", "--out", str(tmp_path), "--device", "cpu",
+                           "--tiny", "--records", "8", "--solo", "4", "--batch", "4", "--mlpool", "--loads", "0.5"],
+                          cwd=root, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    cells = json.loads((tmp_path / "engines.json").read_text())["length_mix"]["cells"]
+    assert set(cells) == {"static", "mlpool", "continuous"}
+    assert cells["mlpool"]["saturation"]["differing_from_solo"] == 0
+    assert cells["mlpool"]["load_0.5"]["p50_s"] > 0
