@@ -28,6 +28,8 @@ import tempfile
 from pathlib import Path
 from typing import IO, Mapping, Optional
 
+from .proxy_shedding import FASTINTER_VARIABLE, ProxyShedding
+
 #: Values of `--proxy` / SERVE_APP_PROXY.
 PROXY_CHOICES = ("auto", "haproxy", "python")
 
@@ -157,7 +159,8 @@ def _port_for(environ: Mapping[str, str], name: str, default: int) -> dict[str, 
 
 
 def proxy_environment(choice: str, run_dir: Path, environ: Mapping[str, str] = os.environ,
-                      cpu_count: Optional[int] = None) -> tuple[str, dict[str, str]]:
+                      cpu_count: Optional[int] = None,
+                      shedding: Optional[ProxyShedding] = None) -> tuple[str, dict[str, str]]:
     """(proxy in use, variables to add to the environment) for `--proxy choice`.
 
     - A RAY_SERVE_ENABLE_HA_PROXY the user set wins over `choice`.
@@ -171,6 +174,8 @@ def proxy_environment(choice: str, run_dir: Path, environ: Mapping[str, str] = o
       HAProxy yet (`claim_port`; this process keeps its claims until it exits). HAProxy gets no more threads than the machine has cores,
       a stopping Ingress replica stays reachable for LOCAL_DRAINING_PERIOD_S, not Ray's 30 s, and
       a request whose replica died before answering is resent to another (haproxy_retry_policy).
+    - With HAProxy and `shedding` (proxy_shedding.shedding_for_config of the config served), HAProxy
+      sends each Ingress replica no more than it holds and queues the rest (serve_app/proxy_shedding.py).
     """
     if choice not in PROXY_CHOICES:
         raise ProxyChoiceError(f"proxy {choice!r} is not one of {', '.join(PROXY_CHOICES)}")
@@ -196,6 +201,8 @@ def proxy_environment(choice: str, run_dir: Path, environ: Mapping[str, str] = o
         "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": f"{LOCAL_DRAINING_PERIOD_S:g}",
         "RAY_SERVE_HAPROXY_RETRY_ON": haproxy_retry_policy(),
     }
+    if shedding is not None:
+        wanted[FASTINTER_VARIABLE] = shedding.fastinter_value()
     if haproxy_folder_fits(run_dir):
         wanted.update({
             "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(run_dir / "haproxy.cfg"),

@@ -23,8 +23,8 @@ Admission in the replica is unchanged (API-key fair share, the waiting room's de
 and still has the last word; on a cluster, where every node's HAProxy holds this bound on its own,
 it is what bounds a replica. Ray 2.60's HAProxy template has no setting for any of this, so it
 rides in RAY_SERVE_HAPROXY_HEALTH_CHECK_FASTINTER, which Ray writes into each backend's
-`default-server` line (haproxy_retry_policy rides in RAY_SERVE_HAPROXY_RETRY_ON the same way);
-tests/unit/test_proxy_shedding.py renders Ray's template with it and runs the HAProxy it configures.
+`default-server` line (haproxy_retry_policy rides in RAY_SERVE_HAPROXY_RETRY_ON the same way), set by
+serve_app/proxy.py's proxy_environment unless the user set it; tests/unit/test_proxy_shedding.py renders Ray's template with it and runs the HAProxy it configures.
 """
 
 from __future__ import annotations
@@ -104,12 +104,3 @@ def shedding_for_config(config: Mapping[str, Any]) -> Optional[ProxyShedding]:
         model_path_prefixes=tuple(dict.fromkeys(
             p for _, prefix in found for p in _under(prefix, MODEL_PATH_PREFIXES))),
     )
-
-
-def shedding_environment(config: Mapping[str, Any], environ: Mapping[str, str]) -> dict[str, str]:
-    """{FASTINTER_VARIABLE: ...} for `config`; nothing when the user set that variable (theirs wins,
-    and HAProxy then does not shed) or the config has no serve-app application."""
-    shedding = shedding_for_config(config)
-    if FASTINTER_VARIABLE in environ or shedding is None:
-        return {}
-    return {FASTINTER_VARIABLE: shedding.fastinter_value()}

@@ -32,7 +32,7 @@ import yaml
 
 from serve_app.proxy import (DEFAULT_HAPROXY_METRICS_PORT, DEFAULT_HAPROXY_STATS_PORT, PROXY_CHOICES,
                              ProxyChoiceError, proxy_environment)
-from serve_app.proxy_shedding import shedding_environment
+from serve_app.proxy_shedding import shedding_for_config
 
 
 #: Serve's control-plane ticks, slowed: on a 2-core box every process that wakes up takes CPU from
@@ -131,19 +131,21 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     # Short: HAProxy's socket paths in it must stay under 97 characters (serve_app/proxy.py).
     run_dir = Path(tempfile.mkdtemp(prefix="sa-", dir="/tmp" if os.path.isdir("/tmp") else None))
+    # What HAProxy sends each Ingress replica (serve_app/proxy_shedding.py); `serve run` reports a bad config.
     try:
-        proxy, added = proxy_environment(ns.proxy, run_dir)
+        shedding, unread = shedding_for_config(_load_config(ns.config)), None
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        shedding, unread = None, exc
+    try:
+        proxy, added = proxy_environment(ns.proxy, run_dir, shedding=shedding)
     except ProxyChoiceError as exc:
         parser.error(str(exc))
     # Before `import ray`: Ray reads these when its modules load and passes them to every process it starts.
     os.environ.update(added)
     os.environ.update(lean_serve_environment())
     if proxy == "haproxy":
-        # HAProxy refuses what the Ingress replicas cannot hold (serve_app/proxy_shedding.py).
-        try:
-            os.environ.update(shedding_environment(_load_config(ns.config), os.environ))
-        except (OSError, ValueError, yaml.YAMLError) as exc:  # `serve run` reports a bad config its own way
-            _say(f"serve-app: HAProxy will not refuse excess requests itself: the config did not load ({exc})")
+        if unread is not None:
+            _say(f"serve-app: HAProxy will not hold back excess requests itself: the config did not load ({unread})")
         stats = os.environ.get("RAY_SERVE_HAPROXY_STATS_PORT", DEFAULT_HAPROXY_STATS_PORT)
         metrics = os.environ.get("RAY_SERVE_HAPROXY_METRICS_PORT", DEFAULT_HAPROXY_METRICS_PORT)
         _say(f"serve-app: HTTP proxy: HAProxy (its stats page on :{stats}, Prometheus metrics on :{metrics}; "

@@ -165,8 +165,9 @@ def main() -> None:
                         help="merge into --out's results.json (replacing these workloads' figures) instead of "
                              "starting afresh: a long run in several shorter locked steps")
     parser.add_argument("--storm-clients", type=int,
-                        help="the client storm's size (default: the profile's; 0: no storm). Past what the ingress "
-                             "admits and holds waiting (64 + 192 in make run), a storm meets 503s")
+                        help="the client storm's size (default: the profile's; 0: no storm). Past what the Ingress "
+                             "replicas admit and hold waiting (64 + 192 each in make run), HAProxy queues the rest "
+                             "for up to ingress.max_wait_s, then answers 503")
     args = parser.parse_args()
     profile = PROFILES[args.profile]
     if args.storm_clients is not None:

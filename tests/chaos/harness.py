@@ -21,7 +21,7 @@ import httpx
 import yaml
 
 from serve_app.proxy import proxy_environment
-from serve_app.proxy_shedding import shedding_environment
+from serve_app.proxy_shedding import shedding_for_config
 from serve_app.run import lean_serve_environment
 from tests.ray_metrics import metrics_url, session_folder
 from tests.support import deep_update, free_port, metric_sum, scrape, session_pids, wait_for  # noqa: F401 (re-exported to the chaos tests)
@@ -55,7 +55,8 @@ class ServeRun:
         # on Serve's Python proxy), set in the environment so that `serve run` and the launcher agree.
         self.proxy_dir = Path(tempfile.mkdtemp(prefix="sa-", dir="/tmp"))  # Ray recreates it on a restart
         self.proxy, added = proxy_environment(proxy or self.env.get("SERVE_APP_PROXY", "auto"),
-                                              self.proxy_dir, self.env)
+                                              self.proxy_dir, self.env,
+                                              shedding=shedding_for_config(self.config))  # as make run's
         self.env.update(added)
         self.env.setdefault("RAY_SERVE_ENABLE_HA_PROXY", "1" if self.proxy == "haproxy" else "0")
         self.env.update(lean_serve_environment(self.env))  # Serve's control-plane ticks, as make run sets them
@@ -84,13 +85,10 @@ class ServeRun:
     # -- life cycle -------------------------------------------------------------------------
     def start(self, wait_ready: bool = True, timeout_s: float = 240) -> float:
         self.write_config()
-        env = self.env
-        if self.proxy == "haproxy":  # HAProxy holds what the replicas cannot, as the launcher sets it up
-            env = {**self.env, **shedding_environment(self.config, self.env)}
         with open(self.log_path, "ab") as out:
             self.proc = subprocess.Popen(
                 [*self.command, str(self.config_path)],
-                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                 # As in a terminal: a suite started in the background (`cmd &`, nohup) inherits SIGINT
                 # ignored, and Python then never installs its KeyboardInterrupt handler, so the
                 # Ctrl-C tests' `serve run` ignored the signal (seen: 60 s with no reaction).

@@ -183,7 +183,7 @@ def test_every_ray_container_serves_through_haproxy_as_make_run_does():
                 assert env.get("RAY_SERVE_ENABLE_HA_PROXY") == "1", (name, group.get("groupName", "head"))
                 # ... with the launcher's retry policy (one source).
                 assert env.get("RAY_SERVE_HAPROXY_RETRY_ON") == haproxy_retry_policy(), (name, group.get("groupName", "head"))
-                # ... and refusing what the Ingress replicas of its serveConfigV2 cannot hold (one source).
+                # ... and holding back what the Ingress replicas of its serveConfigV2 cannot hold (one source).
                 assert env.get(FASTINTER_VARIABLE) == shedding.fastinter_value(), (name, group.get("groupName", "head"))
 
 

@@ -1,4 +1,4 @@
-"""HAProxy refuses what the Ingress replicas cannot hold (serve_app/proxy_shedding.py).
+"""HAProxy sends each Ingress replica no more than it holds and queues the rest (serve_app/proxy_shedding.py).
 
 The config is Ray 2.60's own: `HAProxyApi` renders its template with the variable the launcher sets,
 and the HAProxy binary Ray would start runs it in front of a stand-in replica (a threaded HTTP
@@ -20,8 +20,7 @@ import pytest
 import yaml
 
 from serve_app import proxy
-from serve_app.proxy_shedding import (FASTINTER_VARIABLE, ProxyShedding, shedding_environment,
-                                      shedding_for_config)
+from serve_app.proxy_shedding import ProxyShedding, shedding_for_config
 from tests.support import free_port, wait_for
 
 APP = {"name": "serve-app", "route_prefix": "/", "import_path": "serve_app.builder:build_app"}
@@ -53,12 +52,11 @@ def test_several_applications_get_the_largest_bound_and_their_own_routes():
     assert not any(path.startswith("/o") for path in shedding.model_paths)
 
 
-def test_no_serve_app_application_or_a_users_own_value_leaves_haproxy_as_ray_configures_it():
+def test_no_serve_app_application_leaves_haproxy_as_ray_configures_it():
     other = {"applications": [{"name": "x", "import_path": "elsewhere:app"}]}
-    assert shedding_for_config(other) is None and shedding_environment(other, {}) == {}
-    mine = {"applications": [APP]}
-    assert shedding_environment(mine, {FASTINTER_VARIABLE: "1s"}) == {}
-    assert shedding_environment(mine, {})[FASTINTER_VARIABLE].startswith("250ms maxconn 64\n")
+    assert shedding_for_config(other) is None
+    # (serve_app/proxy.py sets the value; test_proxy.py: where, and that a user's own value wins)
+    assert shedding_for_config({"applications": [APP]}).fastinter_value().startswith("250ms maxconn 64\n")
 
 
 # --- the HAProxy that Ray 2.60 configures with it ------------------------------------------------

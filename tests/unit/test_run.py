@@ -81,7 +81,7 @@ def test_the_launcher_starts_its_own_ray_unless_told_to_join_one(monkeypatch):
 
     monkeypatch.setattr(os, "environ", os.environ.copy())  # main() sets Ray's variables in it
     monkeypatch.setattr(run, "_serve", parse_only)
-    monkeypatch.setattr(run, "proxy_environment", lambda choice, run_dir, *a: ("python", {}))
+    monkeypatch.setattr(run, "proxy_environment", lambda choice, run_dir, *a, **kw: ("python", {}))
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     assert run.main(["serve_config.yaml"]) == 0 and seen["address"] == "local"
     monkeypatch.setenv("RAY_ADDRESS", "198.18.0.1:6379")
@@ -89,25 +89,19 @@ def test_the_launcher_starts_its_own_ray_unless_told_to_join_one(monkeypatch):
     assert run.main(["serve_config.yaml", "--address", "local"]) == 0 and seen["address"] == "local"
 
 
-def test_with_haproxy_the_launcher_gives_it_the_ingress_replicas_bound(monkeypatch):
-    """serve_app/proxy_shedding.py: HAProxy refuses what the replicas of the config cannot hold;
-    Serve's Python proxy gets nothing of it."""
+def test_the_launcher_gives_the_proxy_the_ingress_replicas_bound_from_its_config(monkeypatch):
+    """serve_app/proxy_shedding.py: what HAProxy may send each Ingress replica comes from the config served
+    (64 admitted + 192 waiting in serve_config.placed.yaml); proxy_environment sets it (test_proxy.py)."""
     import serve_app.run as run
-    from serve_app.proxy_shedding import FASTINTER_VARIABLE
 
     seen = {}
+
+    def proxy_environment(choice, run_dir, *a, shedding=None):
+        seen["shedding"] = shedding
+        return "haproxy", {}
+
     monkeypatch.setattr(os, "environ", os.environ.copy())
-    monkeypatch.delenv(FASTINTER_VARIABLE, raising=False)
-
-    def record(ns):
-        seen["value"] = os.environ.get(FASTINTER_VARIABLE)
-        return 0
-
-    monkeypatch.setattr(run, "_serve", record)
-    monkeypatch.setattr(run, "proxy_environment", lambda choice, run_dir, *a: ("haproxy", {}))
+    monkeypatch.setattr(run, "_serve", lambda ns: 0)
+    monkeypatch.setattr(run, "proxy_environment", proxy_environment)
     assert run.main(["serve_config.placed.yaml"]) == 0
-    assert seen["value"].startswith("250ms maxconn 256\n")  # 64 admitted + 192 waiting
-    del os.environ[FASTINTER_VARIABLE]
-    seen.clear()
-    monkeypatch.setattr(run, "proxy_environment", lambda choice, run_dir, *a: ("python", {}))
-    assert run.main(["serve_config.placed.yaml"]) == 0 and seen["value"] is None
+    assert seen["shedding"].max_requests_per_replica == 256 and seen["shedding"].max_queue_wait_s == 2.0
