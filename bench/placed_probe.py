@@ -6,7 +6,10 @@
 Each round starts serve_config.placed.yaml (the bench's copy: cache off, a scratch port) once per
 variant, in the order given, warms it 15 s at `--clients`, measures `--seconds` there and then
 `--one-s` at 1 client, and stops it. `--spy` records the Ingress replicas with py-spy (raw stacks in
---out) during the first measurement. Ratios between variants of one round are what to read: this
+--out) during the first measurement; `--cpu` splits the machine's CPU during it into the model threads,
+the rest of the Ingress replicas (Serve's and our request path; ONNX Runtime's own pool threads, when it
+has more than one, count here too), HAProxy and the rest (Ray's processes, the kernel), from /proc; wrk
+has exited by the second reading, so its own CPU is not counted. Ratios between variants of one round are what to read: this
 machine's speed drifts between rounds. Needs wrk (apt) and, for --spy, py-spy (the bench extra).
 """
 
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -29,6 +33,40 @@ from bench.load import POOL
 from bench.peers.models import ROOT
 
 PORT = 19527
+_TICK_S = 1 / os.sysconf("SC_CLK_TCK")
+
+
+def _thread_ticks() -> dict[tuple[str, str], tuple[str, str, int]]:
+    """Every thread on the machine: (pid, tid) -> (process command line, thread name, CPU ticks)."""
+    seen = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+                fields = stat[stat.rindex(")") + 2:].split()
+                seen[(pid, tid)] = (command, stat[stat.index("(") + 1:stat.rindex(")")], int(fields[11]) + int(fields[12]))
+        except (OSError, ValueError):  # gone meanwhile
+            continue
+    return seen
+
+
+def _kind(command: str, thread: str) -> str:
+    if "ServeReplica:serve-app:Ingress" in command:
+        # ModelQueue names its threads "<Deployment>-model" in the OS too (deployments/model_queue.py).
+        return "model threads" if "-mode" in thread else "Ingress request path"
+    return "HAProxy" if "haproxy" in command else "Ray and the rest"
+
+
+def cpu_split(before: dict, after: dict, seconds: float) -> dict[str, float]:
+    """Cores each kind of thread used between two `_thread_ticks()` snapshots `seconds` apart."""
+    cores: dict[str, float] = {}
+    for key, (command, thread, ticks) in after.items():
+        used = ticks - before.get(key, (command, thread, 0))[2]
+        if used > 0:
+            kind = _kind(command, thread)
+            cores[kind] = cores.get(kind, 0.0) + used * _TICK_S / seconds
+    return {kind: round(value, 3) for kind, value in sorted(cores.items(), key=lambda kv: -kv[1])}
 
 
 def _ready(url: str, timeout_s: float = 180) -> float:
@@ -58,10 +96,14 @@ def run_variant(name: str, env: dict, args, out: Path) -> dict:
         spies = []
         if args.spy:
             pids = subprocess.run(["pgrep", "-f", "ServeReplica:serve-app:Ingress"], capture_output=True, text=True).stdout.split()
-            spies = [subprocess.Popen(["py-spy", "record", "-p", pid, "-d", str(max(1, args.seconds - 5)), "-r", "50",
+            spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))  # the venv's, off PATH
+            spies = [subprocess.Popen([spy, "record", "-p", pid, "-d", str(max(1, args.seconds - 5)), "-r", "50",
                                        "-f", "raw", "-o", str(out / f"{name}-spy-{pid}.txt"), "--nonblocking"],
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for pid in pids]
+        before, started = _thread_ticks(), time.monotonic()
         row["loaded"] = load.run_closed(target, texts, args.clients, args.seconds)
+        if args.cpu:
+            row["cores"] = cpu_split(before, _thread_ticks(), time.monotonic() - started)
         for spy in spies:
             spy.wait()
         row["one_client"] = load.run_closed(target, texts, 1, args.one_s)
@@ -83,6 +125,7 @@ def main(argv=None) -> None:
     parser.add_argument("--seconds", type=float, default=30)
     parser.add_argument("--one-s", type=float, default=20)
     parser.add_argument("--spy", action="store_true")
+    parser.add_argument("--cpu", action="store_true", help="the machine's CPU by kind of thread under load")
     parser.add_argument("--out", type=Path, default=Path("/tmp/placed-probe"))
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -416,3 +416,20 @@ def test_smoke_reads_both_answer_shapes_and_measures_cosine_per_vector():
     assert cosines(np.asarray([[1.0, 0.0], [1.0, 1.0]]), expected)[1] == pytest.approx(0.5 ** 0.5)
     with pytest.raises(ValueError, match="expected"):
         cosines(np.asarray([[1.0, 0.0]]), expected)
+
+
+def test_placed_probe_splits_cpu_by_kind_of_thread():
+    from bench.placed_probe import _TICK_S, cpu_split
+
+    replica = "ray::ServeReplica:serve-app:Ingress "
+    before = {("1", "1"): (replica, "ray::IDLE", 100), ("1", "2"): (replica, "Embedder-model", 0),
+              ("2", "2"): ("/x/haproxy -db -f cfg ", "haproxy", 5), ("3", "3"): ("wrk -t1 ", "wrk", 0)}
+    after = {("1", "1"): (replica, "ray::IDLE", 100 + 0.4 / _TICK_S),
+             ("1", "2"): (replica, "Embedder-model", 1.2 / _TICK_S),
+             ("1", "3"): (replica, "Translator-mode", 0.2 / _TICK_S),  # 15 bytes: Linux cuts the name
+             ("2", "2"): ("/x/haproxy -db -f cfg ", "haproxy", 5 + 0.1 / _TICK_S),
+             ("3", "3"): ("wrk -t1 ", "wrk", 0.05 / _TICK_S),
+             ("4", "4"): ("/x/raylet ", "raylet", 0.1 / _TICK_S)}  # started meanwhile: all of it counts
+    split = cpu_split(before, after, 2.0)
+    assert split == {"model threads": 0.7, "Ingress request path": 0.2, "Ray and the rest": 0.075,
+                     "HAProxy": 0.05}
