@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import random
 import shutil
 import socket
 import tempfile
@@ -137,10 +138,20 @@ def _port_free(port: int) -> bool:
     return True
 
 
+#: Where a port is looked for when Ray's default is taken: below the kernel's ephemeral range (32768-60999
+#: here), where outgoing connections take their local ports, and where a port the kernel handed out for a
+#: bind to port 0 was taken by one of Ray's connections between the choice and HAProxy's bind (a ci-local
+#: chaos run: "cannot bind socket (Address already in use) for [0.0.0.0:36881]"); above Ray's worker ports
+#: (10002-19999) and below its direct-ingress ones (30000-31000).
+FALLBACK_PORTS = range(20_000, 30_000)
+
+
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("0.0.0.0", 0))
-        return s.getsockname()[1]
+    """A random port of FALLBACK_PORTS that is free now."""
+    for port in random.sample(FALLBACK_PORTS, 200):
+        if _port_free(port):
+            return port
+    raise RuntimeError(f"no free port in {FALLBACK_PORTS.start}-{FALLBACK_PORTS.stop - 1} after 200 tries")
 
 
 def _port_for(environ: Mapping[str, str], name: str, default: int) -> dict[str, str]:
