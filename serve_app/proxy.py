@@ -146,8 +146,9 @@ def _port_free(port: int) -> bool:
 FALLBACK_PORTS = range(20_000, 30_000)
 
 
-def _free_port() -> int:
-    """A random port of FALLBACK_PORTS that is free now."""
+def free_port() -> int:
+    """A random port of FALLBACK_PORTS that is free now on every interface (the launcher's fallback, and the
+    tests' servers: one source for both)."""
     for port in random.sample(FALLBACK_PORTS, 200):
         if _port_free(port):
             return port
@@ -165,7 +166,7 @@ def _port_for(environ: Mapping[str, str], name: str, default: int) -> dict[str, 
             if claim is not None:
                 _HELD_CLAIMS.append(claim)
                 return {} if port == default else {name: str(port)}
-        port = _free_port()
+        port = free_port()
     raise RuntimeError(f"found no free, unclaimed port for {name} in 100 tries ({PORT_CLAIMS_DIR})")
 
 

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import os
-import random
 import signal
-import socket
 import subprocess
 import time
 from typing import Any, Callable, Optional
 
 import httpx
 
+from serve_app import proxy
 from tests import ray_metrics
 
 #: request headers that make the service compute every text even when its response cache
@@ -36,20 +35,11 @@ def save_figures(path, collected: dict, title: str) -> None:
 
 
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1, taken below the kernel's ephemeral range (32768-60999 here): a port the
-    kernel handed out for a bind to port 0 could be taken by an outgoing connection (Ray makes hundreds)
-    before the server we start binds it. A ci-local chaos run lost HAProxy that way (45249, "Address
-    already in use"). Only ports chosen like this one can collide, and the choice is random."""
-    low, _high = (int(x) for x in open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
-    for _ in range(200):
-        port = random.randrange(20_000, min(low, 32_768))  # above Ray's worker ports (10002-19999)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port below the ephemeral range after 200 tries")
+    """A TCP port free now, from the launcher's own fallback range (serve_app.proxy.FALLBACK_PORTS): below the
+    kernel's ephemeral range, where a port handed out for a bind to port 0 could be taken by an outgoing
+    connection (Ray makes hundreds) before the server we start binds it (a ci-local chaos run lost HAProxy
+    that way: 45249, "Address already in use")."""
+    return proxy.free_port()
 
 
 def wait_for(condition: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.1) -> Any:

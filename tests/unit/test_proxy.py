@@ -112,11 +112,11 @@ def test_replacement_ports_come_from_below_the_ephemeral_range(monkeypatch):
     can be taken before HAProxy binds it (a ci-local chaos run lost HAProxy so)."""
     low, _ = (int(x) for x in open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
     assert proxy.FALLBACK_PORTS.stop <= min(low, 30_000)  # and below Ray's direct-ingress ports
-    picks = {proxy._free_port() for _ in range(20)}
+    picks = {proxy.free_port() for _ in range(20)}
     assert all(p in proxy.FALLBACK_PORTS for p in picks) and len(picks) > 1  # random, not one port for all
     monkeypatch.setattr(proxy, "_port_free", lambda port: False)
     with pytest.raises(RuntimeError, match="no free port in 20000-29999"):
-        proxy._free_port()
+        proxy.free_port()
 
 
 def test_free_default_ports_are_kept(tmp_path, fake_haproxy, monkeypatch):
