@@ -6,6 +6,8 @@ mean over non-padding tokens -> unit length) without that dependency.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
 from pathlib import Path
 from typing import Optional, Sequence
@@ -13,6 +15,32 @@ from typing import Optional, Sequence
 import numpy as np
 
 from .base import ModelLoadError
+
+#: After a batch of more tokens than this (rows x padded length), each engine gives back the memory the
+#: batch grew the process by: ONNX Runtime shrinks its arena (embedding_onnx.py), the torch engine asks
+#: glibc to return its free heap pages (`malloc_trim`). Without it one batch of 64 256-token texts left
+#: a process 155-280 MiB larger (torch) or 1.27 GiB larger (ONNX Runtime) for good. Below this size
+#: nothing changes (make bench's batches: 64 x ~20 tokens). Measured in docs/benchmarks/where-the-cores-go.
+GIVE_BACK_MEMORY_AFTER_TOKENS = 4096
+
+
+def give_back_free_heap() -> bool:
+    """glibc's `malloc_trim(0)`: free pages of the heaps go back to the OS (glibc keeps them for reuse,
+    so a process stays as large as its largest batch made it). False where the C library has none."""
+    trim = _malloc_trim()
+    if trim is None:
+        return False
+    trim(0)
+    return True
+
+
+@functools.lru_cache(maxsize=1)
+def _malloc_trim():
+    """The process's own `malloc_trim` (glibc's), looked up once; None elsewhere (musl, macOS)."""
+    try:
+        return getattr(ctypes.CDLL(None), "malloc_trim", None)
+    except OSError:  # pragma: no cover - a platform without dlopen(NULL)
+        return None
 
 
 def packaged_minilm_path() -> str:
@@ -105,7 +133,11 @@ class SentenceEmbedder(EmbedderBase):
             weights = mask.to(hidden.device).unsqueeze(-1).to(hidden.dtype)
             pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
             vectors = torch.nn.functional.normalize(pooled.float(), p=2, dim=1)
-        return vectors.cpu().numpy().astype(np.float32, copy=False), mask.sum(dim=1).tolist()
+        result = vectors.cpu().numpy().astype(np.float32, copy=False), mask.sum(dim=1).tolist()
+        if mask.numel() > GIVE_BACK_MEMORY_AFTER_TOKENS and self.device == "cpu":
+            del hidden, weights, pooled, vectors  # the batch's activations freed first, then given back
+            give_back_free_heap()
+        return result
 
     def describe(self) -> dict:
         return {"device": self.device, "engine": "torch", "max_seq_tokens": self.max_seq_tokens,

@@ -21,17 +21,10 @@ from typing import Optional, Sequence
 import numpy as np
 
 from .base import ModelLoadError
-from .embedding import EmbedderBase, packaged_minilm_path
+from .embedding import GIVE_BACK_MEMORY_AFTER_TOKENS, EmbedderBase, give_back_free_heap, packaged_minilm_path
 
 #: a kept export whose vectors differ more than this from torch's is refused
 MIN_COSINE = 0.9999
-#: After a batch of more tokens than this (rows x padded length), ONNX Runtime's CPU arena gives back
-#: what the batch grew it by. The arena keeps every allocation's peak for reuse: one batch of 64
-#: 256-token texts left a process 1.27 GiB larger for good (2 GiB after a few), where a smaller batch
-#: keeps a few MiB. Giving it back costs that batch's next run ~8 % (6.5 s against 6.0 s for 64 x 256
-#: tokens); the arena turned off instead cost 30 %. Below this size nothing changes (make bench's
-#: batches: 64 x ~20 tokens). Measured in docs/benchmarks/where-the-cores-go.
-SHRINK_ARENA_AFTER_TOKENS = 4096
 SAMPLE_TEXTS = ("hello", "The quick brown fox jumps over the lazy dog.",
                 "Serve-app batches requests dynamically and scales replicas on queue length. " * 6)
 _INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -81,9 +74,17 @@ class OnnxSentenceEmbedder(EmbedderBase):
         if not texts:
             return np.zeros((0, self.dimensions), dtype=np.float32), []
         inputs = self.encode(texts)
-        large = inputs["input_ids"].size > SHRINK_ARENA_AFTER_TOKENS
+        # ONNX Runtime's CPU arena keeps every allocation's peak for reuse: one batch of 64 256-token texts
+        # left a process 1.27 GiB larger for good (2 GiB after a few). Shrinking it after a large batch costs
+        # that run ~8 % (6.5 s against 6.0 s for 64 x 256 tokens); the arena turned off instead cost 30 %.
+        large = inputs["input_ids"].size > GIVE_BACK_MEMORY_AFTER_TOKENS
+        # What the arena gives back, glibc keeps for reuse (45-51 MiB of a 32 x 256-token batch): trimmed too.
         hidden = self._session.run(None, inputs, self._shrink_arena if large else None)[0]
-        return mean_pooled(hidden, inputs["attention_mask"]), inputs["attention_mask"].sum(axis=1).tolist()
+        result = mean_pooled(hidden, inputs["attention_mask"]), inputs["attention_mask"].sum(axis=1).tolist()
+        if large:
+            del hidden
+            give_back_free_heap()
+        return result
 
     def describe(self) -> dict:
         return {"device": self.device, "engine": "onnx", "max_seq_tokens": self.max_seq_tokens,

