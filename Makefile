@@ -184,7 +184,9 @@ bench-gpu: $(VENV)/.installed-bench
 	$(BIN)/python -m bench.gpu --out $(BENCH_GPU_OUT) $(BENCH_GPU_ARGS)
 
 ## Static vs service_streamer vs continuous batching, engine against engine, no Ray (bench/gpu/engines.py; ~2.5 min
-## on an H200): $(BENCH_GPU_OUT)/engines.{json,png}. BENCH_GPU_ARGS="--device cpu --tiny" on a CPU box.
+## on an H200): $(BENCH_GPU_OUT)/engines.{json,png}. BENCH_GPU_ARGS="--device cpu --tiny" on a CPU box; the CPU's
+## full comparison (~20 min): BENCH_GPU_ARGS="--device cpu --marian --naive --mlpool --bentoml --batch 32 --records 96
+## --loads 0.5 --wait-s 0.01" (--bentoml needs make bench's BentoML venv).
 bench-gpu-engines: $(VENV)/.installed-bench
 	$(BIN)/python -m bench.gpu.engines --out $(BENCH_GPU_OUT) --streamer $(BENCH_GPU_ARGS)
 

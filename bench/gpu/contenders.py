@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from bench.gpu.common import SOURCE, TARGET, pct
 
@@ -164,4 +167,52 @@ class MLPoolEngine:
         return await self.pool.get_result_async(job)
 
 
-__all__ = ["ContinuousEngine", "MLPoolEngine", "NaiveEngine", "StaticEngine", "StreamerEngine"]
+class BentoMLEngine:
+    """BentoML 1.4 over HTTP, in its own venv (make bench's .bench-venvs/bentoml): bench/peers/bentoml_service.py's
+    LengthMix, its adaptive batching with the cap `batch` in front of the same backend (its own copy, 1 thread),
+    a batch decoding its rows' largest draw. One request per sentence, `{"texts": [text]}` as its README shows;
+    the HTTP round trip on loopback (~ms) is BentoML's own cost, as it is for its users."""
+
+    READY_TIMEOUT_S = 240.0
+
+    def __init__(self, backend, model_dir: str, batch: int, workdir: Path):
+        from bench.compare.contenders import BENTOML_VENV
+        from bench.compare.procs import Server
+        from bench.peers.models import ROOT
+        from serve_app.proxy import free_port
+
+        if not (BENTOML_VENV / "bin" / "bentoml").exists():
+            raise RuntimeError(f"no BentoML venv at {BENTOML_VENV}: make .bench-venvs/bentoml/bin/bentoml")
+        lengths = workdir / "bentoml-lengths.json"
+        lengths.write_text(json.dumps(backend.lengths))
+        port = free_port()
+        env = {**os.environ, "BENCH_WORKLOAD": "translation", "BENCH_MAX_BATCH": str(batch),
+               "BENCH_MODEL_DIR": model_dir, "BENCH_LENGTHS": str(lengths), "BENTOML_DO_NOT_TRACK": "True",
+               "BENTOML_HOME": str(ROOT / ".bench-venvs" / "bentoml-home")}
+        argv = [str(BENTOML_VENV / "bin" / "bentoml"), "serve", "bench.peers.bentoml_service:LengthMix",
+                "--host", "127.0.0.1", "--port", str(port), "--working-dir", str(ROOT)]
+        self.server = Server(argv, env, workdir / "bentoml.log", ROOT)
+        try:
+            self.ready_s = round(self.server.wait_ready(f"http://127.0.0.1:{port}/readyz", self.READY_TIMEOUT_S), 1)
+        except BaseException:
+            self.server.stop()
+            raise
+        self.url = f"http://127.0.0.1:{port}/translation"
+        self._client = None
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+        self.server.stop()
+
+    async def translate(self, text: str) -> str:
+        import httpx
+
+        if self._client is None:  # made in the bench's event loop
+            self._client = httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=None))
+        response = await self._client.post(self.url, json={"texts": [text]})
+        response.raise_for_status()
+        return response.json()[0]
+
+
+__all__ = ["BentoMLEngine", "ContinuousEngine", "MLPoolEngine", "NaiveEngine", "StaticEngine", "StreamerEngine"]

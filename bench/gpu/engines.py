@@ -21,7 +21,8 @@ Workloads: the length mix of bench/gpu/continuous.py (the same texts, draws and 
 bench's sentences, `--fixed-tokens` each). Cells: saturation (closed loop), Poisson arrivals at `--loads` (0.25,
 0.5 and 0.8) x each engine's own saturation (fixed: 0.5) and, for the others, at static's half rate; latency counts from
 the arrival. `--streamer` adds service_streamer's ThreadedStreamer (issue 25's reference peer) in front of the
-same backend, `--mlpool` MLPool's worker process (one job per request) on its own copy of it.
+same backend, `--mlpool` MLPool's worker process (one job per request) on its own copy of it, `--bentoml`
+BentoML's server over HTTP (its adaptive batching, batch cap `--batch`, CPU only) on another copy.
 `p50_over_solo`: the median of each request's latency over its sentence's own solo decode (`generate`);
 `p50_over_solo_continuous`: over the sentence decoded alone by the continuous engine. DIR/engines.json holds every cell.
 """
@@ -37,7 +38,7 @@ import time
 from pathlib import Path
 
 from bench.gpu.common import SOURCE, TARGET, pct, say
-from bench.gpu.contenders import ContinuousEngine, MLPoolEngine, NaiveEngine, StaticEngine, StreamerEngine
+from bench.gpu.contenders import BentoMLEngine, ContinuousEngine, MLPoolEngine, NaiveEngine, StaticEngine, StreamerEngine
 from bench.gpu.continuous import SEED, make_backend, mix_texts, output_lengths
 from bench.gpu.report import plot_engines
 
@@ -135,6 +136,7 @@ def main() -> None:
                         help="> 1: also a continuous engine joining every N steps")
     parser.add_argument("--streamer", action="store_true", help="also service_streamer (its package installed)")
     parser.add_argument("--mlpool", action="store_true", help="also MLPool (its package installed): one job per request")
+    parser.add_argument("--bentoml", action="store_true", help="also BentoML over HTTP (make bench's venv; CPU)")
     parser.add_argument("--eager", action="store_true", help="also continuous decoding without CUDA graphs")
     parser.add_argument("--eager-joins", action="store_true", help="also continuous with graphed steps only")
     parser.add_argument("--plot", type=Path, help="only draw DIR/engines.png from this engines.json")
@@ -165,54 +167,61 @@ def main() -> None:
         start = time.perf_counter()
         out = backend.translate([text], SOURCE, TARGET)[0]
         solo[text] = (time.perf_counter() - start, out)
-    engines = {"static": StaticEngine(backend, args.batch, args.wait_s)}
-    if args.naive:
-        engines["naive"] = NaiveEngine(backend)
-    if args.streamer:
-        engines["service_streamer"] = StreamerEngine(backend, args.batch, args.wait_s)
-    if args.mlpool:
-        engines["mlpool"] = MLPoolEngine(backend, model_dir, args.device)
-    engines["continuous"] = ContinuousEngine(backend, args.batch)
-    if args.eager:
-        engines["continuous-eager"] = ContinuousEngine(backend, args.batch, cuda_graphs=False)
-    if args.join_interval_steps > 1:
-        engines[f"continuous-join{args.join_interval_steps}"] = ContinuousEngine(backend, args.batch,
-                                                                                args.join_interval_steps)
-    if args.eager_joins:  # the step graphs only: joins encode eagerly, as before their graphs
-        engines["continuous-eager-joins"] = ContinuousEngine(backend, args.batch)
-        if joins := getattr(engines["continuous-eager-joins"].scheduler.decoder, "_join_graphs", None):
-            joins.enabled = False  # (the CPU's engine has none)
+    engines: dict = {}
     loop = asyncio.new_event_loop()
-    for text in solo:  # each sentence alone through the continuous engine: its own solo time
-        start = time.perf_counter()
-        loop.run_until_complete(engines["continuous"].translate(text))
-        solo[text] += (time.perf_counter() - start,)
-    import torch
-    draws = [backend.lengths[t] for t in texts]
-    report = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
-              "torch": torch.__version__, "model": model[0],
-              "dtype": str(backend.dtype), "batch": args.batch, "wait_s": args.wait_s, "clients": args.batch,
-              "cudnn_sdp": torch.backends.cuda.cudnn_sdp_enabled(),
-              "length_mix": {"records": len(texts), "output_tokens_p50": pct(draws, 0.5),
-                             "output_tokens_max": max(draws)},
-              "solo_s_p50": round(statistics.median(t[0] for t in solo.values()), 3),
-              "solo_continuous_s_p50": round(statistics.median(t[2] for t in solo.values()), 3),
-              "warm_up": {name: {"captured": e.warm_up_captures, "seconds": e.warm_up_s}
-                          for name, e in engines.items() if isinstance(e, ContinuousEngine)}}
-    args.out.mkdir(parents=True, exist_ok=True)
-    say("length mix")
-    report["length_mix"]["cells"] = workload(loop, engines, texts, args.batch, 3 * len(texts) // 2, solo,
-                                             tuple(float(x) for x in args.loads.split(",")), True)
-    (args.out / "engines.json").write_text(json.dumps(report, indent=1))
-    say(f"fixed, {args.fixed_tokens} tokens")
-    fixed = (list(POOL) * (args.records // len(POOL) + 1))[:args.records]
-    report["fixed"] = {"tokens": args.fixed_tokens,
-                       "cells": workload(loop, engines, fixed, args.batch, 2 * len(fixed), solo, (0.5,), False)}
-    report["wall_s"] = round(time.perf_counter() - began, 1)
-    (args.out / "engines.json").write_text(json.dumps(report, indent=1))
-    plot_engines(report, args.out / "engines.png")
-    for engine in engines.values():
-        loop.run_until_complete(engine.close())
+    try:
+        engines["static"] = StaticEngine(backend, args.batch, args.wait_s)
+        if args.naive:
+            engines["naive"] = NaiveEngine(backend)
+        if args.streamer:
+            engines["service_streamer"] = StreamerEngine(backend, args.batch, args.wait_s)
+        if args.mlpool:
+            engines["mlpool"] = MLPoolEngine(backend, model_dir, args.device)
+        args.out.mkdir(parents=True, exist_ok=True)
+        if args.bentoml:
+            engines["bentoml"] = BentoMLEngine(backend, model_dir, args.batch, args.out)
+        engines["continuous"] = ContinuousEngine(backend, args.batch)
+        if args.eager:
+            engines["continuous-eager"] = ContinuousEngine(backend, args.batch, cuda_graphs=False)
+        if args.join_interval_steps > 1:
+            engines[f"continuous-join{args.join_interval_steps}"] = ContinuousEngine(backend, args.batch,
+                                                                                    args.join_interval_steps)
+        if args.eager_joins:  # the step graphs only: joins encode eagerly, as before their graphs
+            engines["continuous-eager-joins"] = ContinuousEngine(backend, args.batch)
+            if joins := getattr(engines["continuous-eager-joins"].scheduler.decoder, "_join_graphs", None):
+                joins.enabled = False  # (the CPU's engine has none)
+        for text in solo:  # each sentence alone through the continuous engine: its own solo time
+            start = time.perf_counter()
+            loop.run_until_complete(engines["continuous"].translate(text))
+            solo[text] += (time.perf_counter() - start,)
+        import torch
+        draws = [backend.lengths[t] for t in texts]
+        report = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+                  "torch": torch.__version__, "model": model[0],
+                  "dtype": str(backend.dtype), "batch": args.batch, "wait_s": args.wait_s, "clients": args.batch,
+                  "cudnn_sdp": torch.backends.cuda.cudnn_sdp_enabled(),
+                  "length_mix": {"records": len(texts), "output_tokens_p50": pct(draws, 0.5),
+                                 "output_tokens_max": max(draws)},
+                  "solo_s_p50": round(statistics.median(t[0] for t in solo.values()), 3),
+                  "solo_continuous_s_p50": round(statistics.median(t[2] for t in solo.values()), 3),
+                  "warm_up": {name: {"captured": e.warm_up_captures, "seconds": e.warm_up_s}
+                              for name, e in engines.items() if isinstance(e, ContinuousEngine)}}
+        if args.bentoml:
+            report["bentoml_ready_s"] = engines["bentoml"].ready_s
+        say("length mix")
+        report["length_mix"]["cells"] = workload(loop, engines, texts, args.batch, 3 * len(texts) // 2, solo,
+                                                 tuple(float(x) for x in args.loads.split(",")), True)
+        (args.out / "engines.json").write_text(json.dumps(report, indent=1))
+        say(f"fixed, {args.fixed_tokens} tokens")
+        fixed = (list(POOL) * (args.records // len(POOL) + 1))[:args.records]
+        report["fixed"] = {"tokens": args.fixed_tokens,
+                           "cells": workload(loop, engines, fixed, args.batch, 2 * len(fixed), solo, (0.5,), False)}
+        report["wall_s"] = round(time.perf_counter() - began, 1)
+        (args.out / "engines.json").write_text(json.dumps(report, indent=1))
+        plot_engines(report, args.out / "engines.png")
+    finally:  # every server and pool stopped, also when a cell fails (BentoML is a process tree)
+        for engine in engines.values():
+            loop.run_until_complete(engine.close())
     say(f"done in {report['wall_s']} s")
 
 

@@ -119,3 +119,30 @@ def test_the_engine_bench_runs_mlpool_one_job_per_sentence_at_its_drawn_length(t
     assert set(cells) == {"static", "mlpool", "continuous"}
     assert cells["mlpool"]["saturation"]["differing_from_solo"] == 0
     assert cells["mlpool"]["load_0.5"]["p50_s"] > 0
+
+
+def test_the_engine_bench_runs_bentoml_over_http_and_stops_it(tmp_path):
+    """`--bentoml` (make bench's BentoML venv): its server loads the same backend with the same draws, batches
+    adaptively, answers the fixed workload (every sentence the same length) as solo `generate` does, and its
+    process tree is gone when the bench ends."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from bench.compare.contenders import BENTOML_VENV
+
+    if not (BENTOML_VENV / "bin" / "bentoml").exists():
+        pytest.skip("no BentoML venv (make bench creates it)")
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-m", "bench.gpu.engines", "--out", str(tmp_path), "--device", "cpu",
+                           "--tiny", "--records", "8", "--solo", "4", "--batch", "4", "--bentoml", "--loads", "0.5"],
+                          cwd=root, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((tmp_path / "engines.json").read_text())
+    assert set(report["length_mix"]["cells"]) == {"static", "bentoml", "continuous"}
+    assert report["length_mix"]["cells"]["bentoml"]["load_0.5"]["p50_s"] > 0 and report["bentoml_ready_s"] > 0
+    assert report["fixed"]["cells"]["bentoml"]["saturation"]["differing_from_solo"] == 0
+    left = subprocess.run(["pgrep", "-f", f"--working-dir {root}.*LengthMix|bentoml_service:LengthMix"],
+                          capture_output=True, text=True)
+    assert left.stdout == "", left.stdout
