@@ -42,6 +42,14 @@ def free_port() -> int:
     return proxy.free_port()
 
 
+def anonymous_mib() -> float:
+    """This process's anonymous memory (MiB, /proc/self/smaps_rollup): what a model's allocations grow."""
+    for line in open("/proc/self/smaps_rollup"):
+        if line.startswith("Anonymous:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no Anonymous line in /proc/self/smaps_rollup")
+
+
 def wait_for(condition: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.1) -> Any:
     """Poll `condition` until it returns something truthy (and return that); fail after `timeout_s`."""
     deadline = time.monotonic() + timeout_s

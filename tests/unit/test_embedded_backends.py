@@ -10,6 +10,7 @@ from deployments.backends.embedding import SentenceEmbedder
 from deployments.backends.fast_translate_backend import FastTranslateBackend
 
 from tests.fixtures.sentences import SENTENCES
+from tests.support import anonymous_mib
 
 
 @pytest.fixture(scope="module")
@@ -104,13 +105,6 @@ def test_degenerate_input_is_bounded(fast_translate, monkeypatch):
     assert seen and max(seen) <= MAX_SEGMENT_CHARS and sum(seen) >= 5000
 
 
-def _anonymous_mib() -> float:
-    for line in open("/proc/self/smaps_rollup"):
-        if line.startswith("Anonymous:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError("no Anonymous line in /proc/self/smaps_rollup")
-
-
 @pytest.mark.skipif(not Path("/proc/self/smaps_rollup").exists(), reason="needs Linux's /proc/self/smaps_rollup")
 def test_a_large_torch_batch_gives_back_the_heap_it_grew(embedder, monkeypatch):
     """glibc keeps freed heap pages: one 32 x 256-token batch left the process 88 MiB larger for good (64 x 256:
@@ -123,9 +117,9 @@ def test_a_large_torch_batch_gives_back_the_heap_it_grew(embedder, monkeypatch):
     monkeypatch.setattr(embedding, "give_back_free_heap", lambda: calls.append(1) or real())
     embedder.embed(["hello", "world"])
     assert calls == []
-    before = _anonymous_mib()
+    before = anonymous_mib()
     vectors, counts = embedder.embed([" ".join(["word"] * 300)] * 32)  # 32 x 256 tokens: twice the threshold
-    grown = _anonymous_mib() - before
+    grown = anonymous_mib() - before
     assert calls == [1] and counts == [256] * 32 and np.allclose(vectors, vectors[0])
     assert grown < 40, f"the process kept {grown:.0f} MiB after one large batch (64-88 without giving it back)"
 

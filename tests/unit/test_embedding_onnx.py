@@ -19,6 +19,7 @@ from deployments.backends.embedding_onnx import OnnxSentenceEmbedder  # noqa: E4
 from deployments.settings import EmbeddingSettings  # noqa: E402
 
 from tests.fixtures.sentences import SENTENCES  # noqa: E402
+from tests.support import anonymous_mib  # noqa: E402
 
 LONG = "Batching amortises the per-call cost of a model across many requests. " * 40  # past 256 tokens
 
@@ -112,13 +113,6 @@ def test_an_unwritable_cache_without_the_export_falls_back_to_the_temp_folder(on
         embedding_onnx.exported(Path(packaged_minilm_path()), blocked / "onnx", onnx_embedder.max_seq_tokens)
 
 
-def _anonymous_mib() -> float:
-    for line in open("/proc/self/smaps_rollup"):
-        if line.startswith("Anonymous:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError("no Anonymous line in /proc/self/smaps_rollup")
-
-
 @pytest.mark.skipif(not Path("/proc/self/smaps_rollup").exists(), reason="needs Linux's /proc/self/smaps_rollup")
 def test_a_large_batch_gives_back_the_arena_memory_it_took(onnx_embedder, monkeypatch):
     """ONNX Runtime's arena keeps every batch's peak for good (a 64 x 256-token batch: +1.27 GiB); past
@@ -133,9 +127,9 @@ def test_a_large_batch_gives_back_the_arena_memory_it_took(onnx_embedder, monkey
     monkeypatch.setattr(onnx_embedder, "_session", Recording())
     onnx_embedder.embed(["hello", "world"])
     long_texts = [" ".join(["word"] * 300)] * 32  # 32 x 256 tokens: twice the threshold
-    before = _anonymous_mib()
+    before = anonymous_mib()
     vectors, counts = onnx_embedder.embed(long_texts)
-    grown = _anonymous_mib() - before
+    grown = anonymous_mib() - before
     assert options == [None, onnx_embedder._shrink_arena]
     assert counts == [onnx_embedder.max_seq_tokens] * 32 and np.allclose(vectors, vectors[0])
     assert grown < 120, f"the process kept {grown:.0f} MiB after one large batch (~640 without giving it back)"
