@@ -30,6 +30,8 @@ from typing import Callable, Optional, Sequence
 
 from .backends.base import BackendError
 from .backends.continuous_decoder import DecodeRequest
+from .backends.heap import give_back_free_heap
+from .backends.transformers_backend import GIVE_BACK_MEMORY_AFTER_TOKENS
 from .priority import Priority
 
 logger = logging.getLogger("ray.serve")
@@ -105,6 +107,7 @@ class ContinuousScheduler:
         self._cond = threading.Condition()
         self._closed = False
         self._dropped = 0  # sequences of cancelled calls skipped in the queue since the last step
+        self._held_peak = 0  # most cache token slots held since the heap was last given back
         self._thread = threading.Thread(target=self._work, name=name, daemon=True)
         self._thread.start()
 
@@ -215,7 +218,7 @@ class ContinuousScheduler:
             if rebuild:
                 self.decoder.compact()
             self.decoder.join(joining)
-            running = self.decoder.running
+            running, self._held_peak = self.decoder.running, max(self._held_peak, self.decoder.cached_tokens())
             for row in self.decoder.rows:
                 call = row.request.tag[0]
                 call.batch = max(call.batch, running)
@@ -235,6 +238,10 @@ class ContinuousScheduler:
             by_priority[call.priority] = by_priority.get(call.priority, 0) + 1
             if call.left == 0:
                 self._answer(call)
+        if not self.decoder.running and self._held_peak > GIVE_BACK_MEMORY_AFTER_TOKENS:
+            self._held_peak = 0  # the batch drained, its callers answered: glibc's kept pages go back (heap.py)
+            if self.decoder.device.type == "cpu":
+                give_back_free_heap()
         self._report(StepOutcome(running, len(joining), len(finished), by_priority, time.perf_counter() - start,
                                  time.thread_time() - cpu_start, self.decoder.cached_tokens(), dropped))
 

@@ -6,8 +6,6 @@ mean over non-padding tokens -> unit length) without that dependency.
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import os
 from pathlib import Path
 from typing import Optional, Sequence
@@ -15,32 +13,13 @@ from typing import Optional, Sequence
 import numpy as np
 
 from .base import ModelLoadError
+from .heap import give_back_free_heap
 
 #: After a batch of more tokens than this (rows x padded length), each engine gives back the memory the
-#: batch grew the process by: ONNX Runtime shrinks its arena (embedding_onnx.py), the torch engine asks
-#: glibc to return its free heap pages (`malloc_trim`). Without it one batch of 64 256-token texts left
-#: a process 155-280 MiB larger (torch) or 1.27 GiB larger (ONNX Runtime) for good. Below this size
-#: nothing changes (make bench's batches: 64 x ~20 tokens). Measured in docs/benchmarks/where-the-cores-go.
+#: batch grew the process by (see heap.py): ONNX Runtime also shrinks its arena (embedding_onnx.py). Without it
+#: one batch of 64 256-token texts left a process 155-280 MiB larger (torch) or 1.27 GiB larger (ONNX Runtime)
+#: for good. Below this size nothing changes (make bench's batches: 64 x ~20 tokens).
 GIVE_BACK_MEMORY_AFTER_TOKENS = 4096
-
-
-def give_back_free_heap() -> bool:
-    """glibc's `malloc_trim(0)`: free pages of the heaps go back to the OS (glibc keeps them for reuse,
-    so a process stays as large as its largest batch made it). False where the C library has none."""
-    trim = _malloc_trim()
-    if trim is None:
-        return False
-    trim(0)
-    return True
-
-
-@functools.lru_cache(maxsize=1)
-def _malloc_trim():
-    """The process's own `malloc_trim` (glibc's), looked up once; None elsewhere (musl, macOS)."""
-    try:
-        return getattr(ctypes.CDLL(None), "malloc_trim", None)
-    except OSError:  # pragma: no cover - a platform without dlopen(NULL)
-        return None
 
 
 def packaged_minilm_path() -> str:

@@ -21,7 +21,8 @@ from typing import Optional, Sequence
 import numpy as np
 
 from .base import ModelLoadError
-from .embedding import GIVE_BACK_MEMORY_AFTER_TOKENS, EmbedderBase, give_back_free_heap, packaged_minilm_path
+from .embedding import GIVE_BACK_MEMORY_AFTER_TOKENS, EmbedderBase, packaged_minilm_path
+from .heap import give_back_free_heap
 
 #: a kept export whose vectors differ more than this from torch's is refused
 MIN_COSINE = 0.9999

@@ -123,10 +123,3 @@ def test_a_large_torch_batch_gives_back_the_heap_it_grew(embedder, monkeypatch):
     assert calls == [1] and counts == [256] * 32 and np.allclose(vectors, vectors[0])
     assert grown < 40, f"the process kept {grown:.0f} MiB after one large batch (64-88 without giving it back)"
 
-
-def test_giving_back_the_heap_is_skipped_where_the_c_library_has_no_malloc_trim(monkeypatch):
-    from deployments.backends import embedding
-
-    assert embedding.give_back_free_heap() is True  # glibc: this machine's
-    monkeypatch.setattr(embedding, "_malloc_trim", lambda: None)
-    assert embedding.give_back_free_heap() is False
