@@ -100,7 +100,7 @@ def run_variant(name: str, env: dict, args, out: Path) -> dict:
             spies = [subprocess.Popen([spy, "record", "-p", pid, "-d", str(max(1, args.seconds - 5)), "-r", "50",
                                        "-f", "raw", "-o", str(out / f"{name}-spy-{pid}.txt"), "--nonblocking"],
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for pid in pids]
-        before, started = _thread_ticks(), time.monotonic()
+        before, started = _thread_ticks() if args.cpu else {}, time.monotonic()
         row["loaded"] = load.run_closed(target, texts, args.clients, args.seconds)
         if args.cpu:
             row["cores"] = cpu_split(before, _thread_ticks(), time.monotonic() - started)

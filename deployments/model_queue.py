@@ -7,8 +7,6 @@ no asyncio: the replica (deployments/replica.py) hands calls in and awaits their
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import logging
 import threading
 import time
@@ -17,6 +15,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+from .backends.libc import libc_function
 from .priority import Priority
 
 logger = logging.getLogger("ray.serve")
@@ -222,8 +221,7 @@ def name_native_thread(name: str) -> bool:
     that `top -H`, `ps -L` and /proc/<pid>/task/*/comm tell a replica's model threads from Serve's
     (Ray names every thread of a replica `ray::IDLE`); bench.placed_probe --cpu splits CPU by it.
     Returns whether the name was set."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-        return libc.prctl(15, name.encode("utf-8", "replace")[:15], 0, 0, 0) == 0  # 15: PR_SET_NAME
-    except (OSError, AttributeError):  # not Linux, or no prctl: the Python name still holds
+    prctl = libc_function("prctl")
+    if prctl is None:  # not Linux: the Python name still holds
         return False
+    return prctl(15, name.encode("utf-8", "replace")[:15], 0, 0, 0) == 0  # 15: PR_SET_NAME

@@ -9,24 +9,14 @@ docs/benchmarks/where-the-cores-go.
 
 from __future__ import annotations
 
-import ctypes
-import functools
+from .libc import libc_function
 
 
 def give_back_free_heap() -> bool:
     """glibc's `malloc_trim(0)`: the free pages of its heaps go back to the OS. False where the C library has
     none (musl, macOS)."""
-    trim = _malloc_trim()
+    trim = libc_function("malloc_trim")
     if trim is None:
         return False
     trim(0)
     return True
-
-
-@functools.lru_cache(maxsize=1)
-def _malloc_trim():
-    """The process's own `malloc_trim` (glibc's), looked up once; None elsewhere."""
-    try:
-        return getattr(ctypes.CDLL(None), "malloc_trim", None)
-    except OSError:  # pragma: no cover - a platform without dlopen(NULL)
-        return None

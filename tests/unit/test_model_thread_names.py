@@ -22,7 +22,6 @@ def test_the_model_thread_carries_its_name_in_the_os():
 
 
 def test_a_long_name_is_cut_to_what_linux_keeps_and_failure_is_not_fatal(monkeypatch):
-    import ctypes
     from deployments import model_queue
 
     result = {}
@@ -30,8 +29,5 @@ def test_a_long_name_is_cut_to_what_linux_keeps_and_failure_is_not_fatal(monkeyp
     thread.start(); thread.join()
     assert result["ok"] is sys.platform.startswith("linux")
 
-    def no_libc(*args, **kwargs):
-        raise OSError("no libc here")
-
-    monkeypatch.setattr(ctypes, "CDLL", no_libc)
+    monkeypatch.setattr(model_queue, "libc_function", lambda name: None)  # a C library without prctl
     assert model_queue.name_native_thread("anything") is False
