@@ -30,8 +30,7 @@ from typing import Callable, Optional, Sequence
 
 from .backends.base import BackendError
 from .backends.continuous_decoder import DecodeRequest
-from .backends.heap import give_back_free_heap
-from .backends.transformers_backend import GIVE_BACK_MEMORY_AFTER_TOKENS
+from .backends.heap import DECODING_TRIM_AFTER_TOKENS, trim_after_batch
 from .priority import Priority
 
 logger = logging.getLogger("ray.serve")
@@ -238,10 +237,9 @@ class ContinuousScheduler:
             by_priority[call.priority] = by_priority.get(call.priority, 0) + 1
             if call.left == 0:
                 self._answer(call)
-        if not self.decoder.running and self._held_peak > GIVE_BACK_MEMORY_AFTER_TOKENS:
-            self._held_peak = 0  # the batch drained, its callers answered: glibc's kept pages go back (heap.py)
-            if self.decoder.device.type == "cpu":
-                give_back_free_heap()
+        if not self.decoder.running:  # the batch drained, its callers answered: glibc's kept pages go back
+            held, self._held_peak = self._held_peak, 0
+            trim_after_batch(held, DECODING_TRIM_AFTER_TOKENS, self.decoder.device)
         self._report(StepOutcome(running, len(joining), len(finished), by_priority, time.perf_counter() - start,
                                  time.thread_time() - cpu_start, self.decoder.cached_tokens(), dropped))
 

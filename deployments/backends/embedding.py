@@ -13,13 +13,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from .base import ModelLoadError
-from .heap import give_back_free_heap
-
-#: After a batch of more tokens than this (rows x padded length), each engine gives back the memory the
-#: batch grew the process by (see heap.py): ONNX Runtime also shrinks its arena (embedding_onnx.py). Without it
-#: one batch of 64 256-token texts left a process 155-280 MiB larger (torch) or 1.27 GiB larger (ONNX Runtime)
-#: for good. Below this size nothing changes (make bench's batches: 64 x ~20 tokens).
-GIVE_BACK_MEMORY_AFTER_TOKENS = 4096
+from .heap import EMBEDDING_TRIM_AFTER_TOKENS, trim_after_batch
 
 
 def packaged_minilm_path() -> str:
@@ -113,9 +107,8 @@ class SentenceEmbedder(EmbedderBase):
             pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
             vectors = torch.nn.functional.normalize(pooled.float(), p=2, dim=1)
         result = vectors.cpu().numpy().astype(np.float32, copy=False), mask.sum(dim=1).tolist()
-        if mask.numel() > GIVE_BACK_MEMORY_AFTER_TOKENS and self.device == "cpu":
-            del hidden, weights, pooled, vectors  # the batch's activations freed first, then given back
-            give_back_free_heap()
+        del hidden, weights, pooled, vectors  # the batch's activations freed first, then given back (heap.py)
+        trim_after_batch(mask.numel(), EMBEDDING_TRIM_AFTER_TOKENS, self.device)
         return result
 
     def describe(self) -> dict:

@@ -21,8 +21,8 @@ from typing import Optional, Sequence
 import numpy as np
 
 from .base import ModelLoadError
-from .embedding import GIVE_BACK_MEMORY_AFTER_TOKENS, EmbedderBase, packaged_minilm_path
-from .heap import give_back_free_heap
+from .embedding import EmbedderBase, packaged_minilm_path
+from .heap import EMBEDDING_TRIM_AFTER_TOKENS, trim_after_batch
 
 #: a kept export whose vectors differ more than this from torch's is refused
 MIN_COSINE = 0.9999
@@ -78,13 +78,12 @@ class OnnxSentenceEmbedder(EmbedderBase):
         # ONNX Runtime's CPU arena keeps every allocation's peak for reuse: one batch of 64 256-token texts
         # left a process 1.27 GiB larger for good (2 GiB after a few). Shrinking it after a large batch costs
         # that run ~8 % (6.5 s against 6.0 s for 64 x 256 tokens); the arena turned off instead cost 30 %.
-        large = inputs["input_ids"].size > GIVE_BACK_MEMORY_AFTER_TOKENS
+        large = inputs["input_ids"].size > EMBEDDING_TRIM_AFTER_TOKENS
         # What the arena gives back, glibc keeps for reuse (45-51 MiB of a 32 x 256-token batch): trimmed too.
         hidden = self._session.run(None, inputs, self._shrink_arena if large else None)[0]
         result = mean_pooled(hidden, inputs["attention_mask"]), inputs["attention_mask"].sum(axis=1).tolist()
-        if large:
-            del hidden
-            give_back_free_heap()
+        del hidden
+        trim_after_batch(inputs["input_ids"].size, EMBEDDING_TRIM_AFTER_TOKENS)
         return result
 
     def describe(self) -> dict:

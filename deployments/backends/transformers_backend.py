@@ -15,15 +15,12 @@ from typing import Sequence
 import torch
 
 from .base import BackendError, LanguagePair, TranslationBackend
-from .heap import give_back_free_heap
+from .heap import DECODING_TRIM_AFTER_TOKENS, trim_after_batch
 from .hf_loading import load_seq2seq, load_tokenizer, model_source, resolve_device, resolve_dtype
 from .languages import Languages, detect_family, parse_language_pair, source_language_code
 
 logger = logging.getLogger(__name__)
-#: After a CPU batch of more token slots than this (rows x (padded source + generated columns)), the freed heap
-#: goes back to the OS (heap.py): one 32-sentence Marian-sized batch (~25 source, 60 output tokens each) left
-#: a process 107-136 MiB larger for good; trimming took 20 ms of its 6.5 s. A lone sentence stays below.
-GIVE_BACK_MEMORY_AFTER_TOKENS = 1024
+
 
 class TransformersBackend(TranslationBackend):
     """Translation with a Hugging Face ``AutoModelForSeq2SeqLM``.
@@ -244,9 +241,9 @@ class TransformersBackend(TranslationBackend):
             raise BackendError(f"generation failed for {self._model_id!r}: {type(exc).__name__}: {exc}") from exc
 
         rows = [self._trim(row) for row in out.tolist()]
-        if out.numel() + input_ids.numel() > GIVE_BACK_MEMORY_AFTER_TOKENS and self.device == "cpu":
-            del out  # the batch's caches are freed; glibc keeps their pages unless asked
-            give_back_free_heap()
+        slots = out.numel() + input_ids.numel()
+        del out  # the batch's caches are freed; glibc keeps their pages unless asked (heap.py)
+        trim_after_batch(slots, DECODING_TRIM_AFTER_TOKENS, self.device)
         result: list[list[int]] = [[] for _ in encoded]
         for pos, idx in enumerate(order):
             result[idx] = rows[pos]

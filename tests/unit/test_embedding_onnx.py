@@ -116,7 +116,7 @@ def test_an_unwritable_cache_without_the_export_falls_back_to_the_temp_folder(on
 @pytest.mark.skipif(not Path("/proc/self/smaps_rollup").exists(), reason="needs Linux's /proc/self/smaps_rollup")
 def test_a_large_batch_gives_back_the_arena_memory_it_took(onnx_embedder, monkeypatch):
     """ONNX Runtime's arena keeps every batch's peak for good (a 64 x 256-token batch: +1.27 GiB); past
-    GIVE_BACK_MEMORY_AFTER_TOKENS the run gives it back, and small batches keep their arena."""
+    EMBEDDING_TRIM_AFTER_TOKENS the run gives it back, and small batches keep their arena."""
     session, options = onnx_embedder._session, []
 
     class Recording:
