@@ -55,19 +55,44 @@ def kill(processes: list[psutil.Process], wait_s: float) -> None:
     psutil.wait_procs(processes, timeout=wait_s)
 
 
+def process_kind(cmdline: list[str], name: str = "") -> str:
+    """What a process is, for a memory breakdown: a Ray worker's title (`ray::ServeReplica:serve-app:Ingress`
+    -> `ServeReplica:serve-app:Ingress`, `ray::ServeController.listen_for_change` -> `ServeController`), a Ray
+    dashboard module (`ray-dashboard-NodeHead-0 (...)` -> `ray-dashboard-NodeHead`), a Python module run with
+    -m or a script's file name, else the executable's file name (`name` when the command line is unreadable)."""
+    joined = " ".join(cmdline)
+    titled = re.match(r"ray::([^\s.]+)", joined) or re.match(r"(ray-dashboard-[A-Za-z]+)", joined)
+    if titled:
+        return titled.group(1)
+    for i, arg in enumerate(cmdline[1:], start=1):
+        if arg == "-m" and i + 1 < len(cmdline):
+            return cmdline[i + 1]
+        if arg.endswith(".py"):
+            return Path(arg).name
+    return Path(cmdline[0]).name if cmdline else name
+
+
 def tree_pss(processes: list[psutil.Process]) -> dict:
     """Memory of a process tree: the sum of PSS (proportional set size: each shared page divided among
     the processes that map it, so shared libraries and the model's shared weights count once) and, for
     comparison, of RSS (which counts a shared page once per process). Processes gone meanwhile, or
-    not ours to read, are skipped; `processes` says how many were counted."""
+    not ours to read, are skipped; `processes` says how many were counted. `by_kind`: PSS MiB and
+    process count per `process_kind` (where a tree with many processes keeps its memory)."""
     pss = rss = counted = 0
+    by_kind: dict[str, dict] = {}
     for p in {p.pid: p for p in processes}.values():
         try:
             info = p.memory_full_info()
+            kind = process_kind(p.cmdline(), p.name())
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
         pss, rss, counted = pss + info.pss, rss + info.rss, counted + 1
-    return {"pss_mib": round(pss / 2**20, 1), "rss_mib": round(rss / 2**20, 1), "processes": counted}
+        entry = by_kind.setdefault(kind, {"pss_mib": 0.0, "processes": 0})
+        entry["pss_mib"], entry["processes"] = entry["pss_mib"] + info.pss / 2**20, entry["processes"] + 1
+    by_kind = {k: {"pss_mib": round(v["pss_mib"], 1), "processes": v["processes"]}
+               for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1]["pss_mib"])}
+    return {"pss_mib": round(pss / 2**20, 1), "rss_mib": round(rss / 2**20, 1), "processes": counted,
+            "by_kind": by_kind}
 
 
 class Server:

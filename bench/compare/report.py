@@ -115,6 +115,7 @@ def markdown(results: dict) -> str:
             f"{_fmt(r['records_per_s_at_64'])} | {_fmt(r['ratio_to_offline'], 2)} | {_fmt(r['open_rps'])} | "
             f"{_fmt(r['open_p50_ms'])} | {_fmt(r['open_p99_ms'])} |")
     lines += startup_memory_lines(results)
+    lines += memory_by_kind_lines(results)
     lines += peer_targets.storm_lines(results)
     lines += ["", "## Every closed-loop cell", "",
               "| workload | rec/req | contender | clients | rec/s | req/s | p50 ms | p99 ms | errors |",
@@ -164,6 +165,47 @@ def startup_memory_lines(results: dict) -> list[str]:
         lines.append(f"| {workload} | {labels.get(name, name)} | {_fmt(results['startup_s'].get(key))} | "
                      f"{_fmt(seconds)} | {_fmt(idle.get('pss_mib'), 0)} | {_fmt(loaded.get('pss_mib'), 0)} | "
                      f"{_fmt(loaded.get('rss_mib'), 0)} | {loaded.get('processes', idle.get('processes', 'n/a'))} |")
+    return lines
+
+
+#: trees of more processes than this get a per-process breakdown (a peer's front and worker need none)
+BREAKDOWN_ABOVE_PROCESSES = 6
+#: kinds below this PSS (at both readings) are summed into one "others" row
+BREAKDOWN_MIN_MIB = 20.0
+
+
+def memory_by_kind_lines(results: dict) -> list[str]:
+    """Where a server of many processes (Ray's) keeps its memory: PSS per kind of process (procs.process_kind)
+    after the first answer and after the last cell, largest first; a kind that appears only under load (an
+    autoscaled replica) shows there."""
+    lines = []
+    for key, mem in results.get("memory", {}).items():
+        idle, loaded = mem.get("after_first_answer", {}), mem.get("after_load", {})
+        if max(idle.get("processes", 0), loaded.get("processes", 0)) <= BREAKDOWN_ABOVE_PROCESSES:
+            continue
+        if not lines:
+            lines = ["", "## Memory by process", "",
+                     "PSS MiB per kind of process (a Ray worker by its title), after the first answer and after the "
+                     f"last cell, for the servers of more than {BREAKDOWN_ABOVE_PROCESSES} processes; kinds under "
+                     f"{BREAKDOWN_MIN_MIB:g} MiB are summed as \"others\".", "",
+                     "| workload | contender | process | count (first answer / after load) | PSS MiB (first answer) | "
+                     "PSS MiB (after load) |", "|---|---|---|---|---|---|"]
+        name, workload = key.split("/", 1)
+        label = results["labels"].get(name, name)
+        kinds = {"first": idle.get("by_kind", {}), "loaded": loaded.get("by_kind", {})}
+        rows, others = [], {"first": [0, 0.0], "loaded": [0, 0.0]}
+        for kind in dict.fromkeys([*kinds["loaded"], *kinds["first"]]):
+            got = {when: kinds[when].get(kind, {"processes": 0, "pss_mib": 0.0}) for when in kinds}
+            if max(g["pss_mib"] for g in got.values()) < BREAKDOWN_MIN_MIB:
+                for when, g in got.items():
+                    others[when] = [others[when][0] + g["processes"], others[when][1] + g["pss_mib"]]
+                continue
+            rows.append((kind, [(g["processes"], g["pss_mib"]) for g in got.values()]))
+        if others["first"][0] or others["loaded"][0]:
+            rows.append(("others", [tuple(others["first"]), tuple(others["loaded"])]))
+        for kind, ((n_first, first), (n_loaded, after)) in rows:
+            lines.append(f"| {workload} | {label} | {kind} | {n_first} / {n_loaded} | {_fmt(first, 0)} | "
+                         f"{_fmt(after, 0)} |")
     return lines
 
 

@@ -304,6 +304,7 @@ def test_tree_pss_counts_every_process_once_and_pss_never_exceeds_rss():
     me = psutil.Process()
     alone = tree_pss([me, psutil.Process(me.pid)])  # the same process twice counts once
     assert alone["processes"] == 1 and 0 < alone["pss_mib"] <= alone["rss_mib"]
+    assert [v["processes"] for v in alone["by_kind"].values()] == [1]
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         both = tree_pss([me, *me.children(recursive=True)])
@@ -433,3 +434,32 @@ def test_placed_probe_splits_cpu_by_kind_of_thread():
     split = cpu_split(before, after, 2.0)
     assert split == {"model threads": 0.7, "Ingress request path": 0.2, "Ray and the rest": 0.075,
                      "HAProxy": 0.05}
+
+
+def test_a_process_is_named_by_its_ray_title_module_script_or_executable():
+    from bench.compare.procs import process_kind
+
+    assert process_kind(["ray::ServeReplica:serve-app:Ingress"]) == "ServeReplica:serve-app:Ingress"
+    assert process_kind(["ray::ServeController.listen_for_change"]) == "ServeController"
+    assert process_kind(["ray-dashboard-NodeHead-0 (/v/bin/python -B -c ...)"]) == "ray-dashboard-NodeHead"
+    assert process_kind(["/v/bin/python", "-m", "serve_app.run", "c.yaml"]) == "serve_app.run"
+    assert process_kind(["/v/bin/python", "-u", "/v/ray/autoscaler/_private/monitor.py", "--x"]) == "monitor.py"
+    assert process_kind(["/v/ray/core/src/ray/raylet/raylet", "--raylet_socket_name=x"]) == "raylet"
+    assert process_kind([], "zombie") == "zombie"
+
+
+def test_memory_of_a_many_process_server_is_broken_down_by_kind():
+    def tree(kinds):
+        return {"processes": sum(n for n, _ in kinds.values()),
+                "by_kind": {k: {"processes": n, "pss_mib": m} for k, (n, m) in kinds.items()}}
+    idle = tree({"ServeReplica:a:Ingress": (1, 480.0), "raylet": (1, 28.0), "x": (3, 6.0), "y": (2, 9.0)})
+    loaded = tree({"ServeReplica:a:Ingress": (2, 990.0), "raylet": (1, 29.0), "x": (3, 6.0), "y": (2, 9.0)})
+    small = tree({"mosec": (4, 260.0)})
+    results = {"labels": {"s": "serve-app"}, "memory": {"s/embeddings": {"after_first_answer": idle, "after_load": loaded},
+                                                        "mosec/embeddings": {"after_first_answer": small}}}
+    lines = report.memory_by_kind_lines(results)
+    assert lines[-3:] == ["| embeddings | serve-app | ServeReplica:a:Ingress | 1 / 2 | 480 | 990 |",
+                          "| embeddings | serve-app | raylet | 1 / 1 | 28 | 29 |",
+                          "| embeddings | serve-app | others | 5 / 5 | 15 | 15 |"]
+    assert not any("mosec" in line for line in lines)  # 4 processes: no breakdown
+    assert report.memory_by_kind_lines({"labels": {}, "memory": {"mosec/embeddings": {"after_first_answer": small}}}) == []
