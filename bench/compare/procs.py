@@ -58,18 +58,31 @@ def kill(processes: list[psutil.Process], wait_s: float) -> None:
 def process_kind(cmdline: list[str], name: str = "") -> str:
     """What a process is, for a memory breakdown: a Ray worker's title (`ray::ServeReplica:serve-app:Ingress`
     -> `ServeReplica:serve-app:Ingress`, `ray::ServeController.listen_for_change` -> `ServeController`), a Ray
-    dashboard module (`ray-dashboard-NodeHead-0 (...)` -> `ray-dashboard-NodeHead`), a Python module run with
-    -m or a script's file name, else the executable's file name (`name` when the command line is unreadable)."""
+    dashboard module (`ray-dashboard-NodeHead-0 (...)` -> `ray-dashboard-NodeHead`), for an interpreter the
+    module it runs (-m, or the first module a -c program imports) or its script's file name, else the
+    executable's file name (`name` when the command line is unreadable)."""
     joined = " ".join(cmdline)
     titled = re.match(r"ray::([^\s.]+)", joined) or re.match(r"(ray-dashboard-[A-Za-z]+)", joined)
     if titled:
         return titled.group(1)
-    for i, arg in enumerate(cmdline[1:], start=1):
-        if arg == "-m" and i + 1 < len(cmdline):
-            return cmdline[i + 1]
-        if arg.endswith(".py"):
-            return Path(arg).name
-    return Path(cmdline[0]).name if cmdline else name
+    if not cmdline:
+        return name
+    executable = Path(cmdline[0]).name
+    if not executable.startswith("python"):
+        return executable
+    args = iter(cmdline[1:])
+    for arg in args:
+        if arg in ("-m", "-c"):
+            program = next(args, "")
+            if arg == "-m":
+                return program
+            imported = re.search(r"(?:from|import)\s+([\w.]+)", program)
+            return imported.group(1) if imported else f"{executable} -c"
+        if arg in ("-X", "-W"):
+            next(args, None)
+        elif not arg.startswith("-"):
+            return Path(arg).name  # the script: a .py file or an installed entry point (`serve`)
+    return executable
 
 
 def tree_pss(processes: list[psutil.Process]) -> dict:

@@ -445,6 +445,11 @@ def test_a_process_is_named_by_its_ray_title_module_script_or_executable():
     assert process_kind(["/v/bin/python", "-m", "serve_app.run", "c.yaml"]) == "serve_app.run"
     assert process_kind(["/v/bin/python", "-u", "/v/ray/autoscaler/_private/monitor.py", "--x"]) == "monitor.py"
     assert process_kind(["/v/ray/core/src/ray/raylet/raylet", "--raylet_socket_name=x"]) == "raylet"
+    assert process_kind(["/v/bin/python", "/v/bin/serve", "run", "c.yaml"]) == "serve"
+    assert process_kind(["/v/bin/python", "-B", "-c", "from multiprocessing.forkserver import main; main(25)"]) \
+        == "multiprocessing.forkserver"
+    assert process_kind(["/v/bin/python3.11", "-X", "dev", "-c", "print(1)"]) == "python3.11 -c"
+    assert process_kind(["/v/bin/python"]) == "python"
     assert process_kind([], "zombie") == "zombie"
 
 
