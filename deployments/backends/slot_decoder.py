@@ -25,8 +25,7 @@ drop, compact) on tensors whose shapes change only in coarse buckets, so a step 
   and greedy `generate`'s logits processors as tensor ops: one graph per (rows, columns, source)
   bucket, captured on first use. The host reads the chosen ids, the step's one synchronisation.
 
-Outputs equal single-input `generate` (tests/unit/test_continuous_decoder.py runs both engines). Without
-CUDA (`graphs=False`) the same code runs eagerly: that is how CI checks it.
+Outputs equal single-input `generate` (tests/unit/test_continuous_decoder.py); eager without CUDA, as CI runs it.
 """
 
 from __future__ import annotations
@@ -37,6 +36,7 @@ import torch
 from torch.nn import functional as F
 
 from .continuous_decoder import ContinuousDecoder, DecodeRequest, UnsupportedModel, _Row
+from .cpu_linears import dense_weight
 from .generation_rules import greedy_choice
 from .slot_step import SlotCache, StepGraphs, bucket, pad_joiners, sizes
 
@@ -64,8 +64,8 @@ class SlotDecoder(ContinuousDecoder):
             raise ValueError(f"CUDA graphs need a CUDA model, this one is on {self.device}")
         attn = [layer.encoder_attn for layer in self.decoder.layers]
         self._heads, self._head_dim = attn[0].num_heads, attn[0].head_dim
-        # the joiners' cross keys/values of every layer in one projection
-        self._cross_w = torch.cat([a.k_proj.weight for a in attn] + [a.v_proj.weight for a in attn])
+        # the joiners' cross keys/values of every layer in one projection (plain weights: cpu_linears.py)
+        self._cross_w = torch.cat([dense_weight(a.k_proj) for a in attn] + [dense_weight(a.v_proj) for a in attn])
         bias = [a.k_proj.bias for a in attn] + [a.v_proj.bias for a in attn]
         self._cross_b = None if bias[0] is None else torch.cat(bias)
         self._rows_cap = bucket(self.slots, 1)

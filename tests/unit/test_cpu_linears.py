@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from deployments.backends import cpu_linears
-from deployments.backends.cpu_linears import OneDnnLinear, linears_on_onednn
+from deployments.backends.cpu_linears import OneDnnLinear, dense_weight, linears_on_onednn
 
 
 def _layers(model: nn.Module) -> list[str]:
@@ -20,6 +20,25 @@ def test_a_loaded_cpu_model_runs_every_linear_on_onednn(make_backend, tiny_maria
     assert not any(p.requires_grad for p in backend.model.parameters())  # the op has no autograd formula
     # the output projection stays tied to the embeddings: the class changed, not the parameter
     assert backend.model.get_output_embeddings().weight is backend.model.get_input_embeddings().weight
+    layers = [m for m in backend.model.modules() if isinstance(m, OneDnnLinear)]
+    assert all(m.packed_weight is not None for m in layers)  # every weight in oneDNN's blocked layout
+    # ...and only the tied one keeps its plain copy: no layer's weight is held twice
+    assert [m for m in layers if m.weight is not None] == [backend.model.get_output_embeddings()]
+
+
+@pytest.mark.parametrize("rows", [1, 2, 4, 33])
+def test_a_blocked_weight_answers_as_the_plain_one_and_gives_it_back(rows):
+    torch.manual_seed(rows)
+    layer = nn.Linear(64, 301)
+    plain = layer.weight.detach().clone()
+    x = torch.randn(rows, 1, 64)
+    expected = layer(x).detach()
+    layer.__class__ = OneDnnLinear
+    assert layer.pack(keep_plain=False) and layer.weight is None
+    with torch.inference_mode():
+        got = layer(x)
+    torch.testing.assert_close(got, expected, **cpu_linears.PROBE_TOLERANCE)
+    assert torch.equal(dense_weight(layer), plain)  # the reorder moves values, it does not round them
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 8, 33])
@@ -37,25 +56,21 @@ def test_onednn_linear_answers_as_nn_linear(rows):
 
 
 def test_greedy_outputs_are_unchanged(make_backend, tiny_marian_dir):
-    """The same token ids from `generate` with torch's linear and with oneDNN's."""
+    """The same token ids from `generate` with torch's linear and with oneDNN's on blocked weights."""
     backend = make_backend(tiny_marian_dir)
     ids = torch.tensor([[5, 9, 17, 23, 4, 11, 0], [7, 3, 30, 0, 1, 1, 1]])
     mask = (torch.arange(7) < torch.tensor([[7], [4]])).long()
 
-    def generate():
+    def generate(model):
         with torch.inference_mode():
-            return backend.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12,
-                                          min_new_tokens=12, do_sample=False, num_beams=1).tolist()
+            return model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12,
+                                  min_new_tokens=12, do_sample=False, num_beams=1).tolist()
 
-    onednn = generate()
-    layers = [m for m in backend.model.modules() if type(m) is OneDnnLinear]
-    try:
-        for layer in layers:
-            layer.__class__ = nn.Linear
-        assert generate() == onednn
-    finally:
-        for layer in layers:
-            layer.__class__ = OneDnnLinear
+    plain = make_backend(tiny_marian_dir).model  # a model of its own: its plain weights go back in
+    for layer in [m for m in plain.modules() if type(m) is OneDnnLinear]:
+        layer.weight = nn.Parameter(dense_weight(layer), requires_grad=False)
+        layer.__class__, layer.packed_weight = nn.Linear, None
+    assert generate(backend.model) == generate(plain)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
