@@ -28,7 +28,8 @@ def load_translation_backend(settings: "TranslationSettings", num_threads: int) 
     if settings.backend == "transformers":
         from .transformers_backend import TransformersBackend
 
-        return TransformersBackend(settings.model, dtype=settings.dtype, **decoding)
+        return TransformersBackend(settings.model, dtype=settings.dtype,
+                                   cpu_weight_layout=settings.cpu_weight_layout, **decoding)
     if settings.backend == "ctranslate2":
         from .ctranslate2_backend import CTranslate2Backend
 

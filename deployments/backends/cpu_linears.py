@@ -21,9 +21,10 @@ from 1.84 to 1.26 x the solo decode (docs/benchmarks/continuous-batching.md, "Se
 The blocked copy is anonymous memory, while the plain weights are the model file's mapped pages:
 +282 MiB for the Marian-sized model, +42 MiB for MiniLM. The plain parameter is dropped where nothing else
 holds it; a tied output projection keeps it, because the embeddings read it. `dense_weight(layer)` gives the
-plain weight back to code that reads it.
+plain weight back to code that reads it. `cpu_weight_layout: plain` (translation and embeddings settings) keeps
+the plain weights for memory-bound deployments: oneDNN's matmul on the plain layout, no copy.
 
-`linears_on_onednn(model)` turns each `nn.Linear` of a float32 CPU model into a `OneDnnLinear` (the same
+`linears_on_onednn(model, blocked)` turns each `nn.Linear` of a float32 CPU model into a `OneDnnLinear` (the same
 module, parameters and tied weights, with that forward) once oneDNN has answered a probe layer as
 `nn.Linear` does; where torch lacks the op or the probe disagrees, the model is left as it was.
 """
@@ -42,6 +43,8 @@ logger = logging.getLogger(__name__)
 
 #: a probe layer's outputs must agree with `F.linear`'s to this (float32 rounding, other summation order)
 PROBE_TOLERANCE = dict(rtol=1e-4, atol=1e-5)
+#: the layouts `linears_on_onednn` can leave the weights in (the settings' `cpu_weight_layout`)
+WEIGHT_LAYOUTS = ("blocked", "plain")
 #: the rows oneDNN is told to expect when it picks a weight's blocked layout. Any hint from 2 up to 64 gave the
 #: same layout's speed at 1-64 rows on this machine; a hint of 1 keeps the plain layout's speed.
 PACKED_FOR_ROWS = 64
@@ -101,10 +104,12 @@ def onednn_agrees() -> bool:
     return agrees
 
 
-def linears_on_onednn(model: nn.Module) -> int:
-    """Turn `model`'s float32 CPU `nn.Linear` layers into `OneDnnLinear` on blocked weights (a weight that another
-    module also holds, such as an output projection tied to the embeddings, keeps its plain copy too); returns
-    how many were turned."""
+def linears_on_onednn(model: nn.Module, layout: str = "blocked") -> int:
+    """Turn `model`'s float32 CPU `nn.Linear` layers into `OneDnnLinear`, on blocked weights for `layout`
+    "blocked" (a weight that another module also holds, such as an output projection tied to the embeddings,
+    keeps its plain copy too) or on the plain ones for "plain"; returns how many were turned."""
+    if layout not in WEIGHT_LAYOUTS:
+        raise ValueError(f"cpu_weight_layout must be one of {WEIGHT_LAYOUTS}, got {layout!r}")
     linears = [m for m in model.modules() if type(m) is nn.Linear
                and m.weight.device.type == "cpu" and m.weight.dtype == torch.float32]
     if not linears or not onednn_agrees():
@@ -112,8 +117,19 @@ def linears_on_onednn(model: nn.Module) -> int:
     holders = Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))
     for layer in linears:
         layer.__class__ = OneDnnLinear  # same object: its parameters, ties and hooks are kept
-        layer.pack(keep_plain=holders[id(layer.weight)] > 1)
+        if layout == "blocked":
+            layer.pack(keep_plain=holders[id(layer.weight)] > 1)
     return len(linears)
 
 
-__all__ = ["OneDnnLinear", "dense_weight", "linears_on_onednn", "onednn_agrees"]
+def weight_layout(model: object) -> Optional[str]:
+    """The layout `model`'s linear layers run on: "blocked" or "plain" (oneDNN), None where none is on oneDNN
+    (or `model` is no torch module)."""
+    modules = model.modules() if isinstance(model, nn.Module) else ()
+    layer = next((m for m in modules if isinstance(m, OneDnnLinear)), None)
+    if layer is None:
+        return None
+    return "plain" if layer.packed_weight is None else "blocked"
+
+
+__all__ = ["WEIGHT_LAYOUTS", "OneDnnLinear", "dense_weight", "weight_layout", "linears_on_onednn", "onednn_agrees"]

@@ -244,6 +244,7 @@ class CTranslate2Backend(TransformersBackend):
     def describe(self) -> dict:
         facts = super().describe()
         facts.pop("dtype", None)
+        facts.pop("cpu_weight_layout", None)
         facts.update(compute_type=self.compute_type, converted_path=str(self.converted_path))
         return facts
 

@@ -57,7 +57,7 @@ def load_embedder(settings, threads: Optional[int]) -> EmbedderBase:
         return OnnxSentenceEmbedder(settings.model_path, max_seq_tokens=settings.max_seq_tokens,
                                     num_threads=threads, cache_dir=settings.onnx_cache_dir)
     return SentenceEmbedder(settings.model_path, device=settings.device, max_seq_tokens=settings.max_seq_tokens,
-                            num_threads=threads)
+                            num_threads=threads, cpu_weight_layout=settings.cpu_weight_layout)
 
 
 class SentenceEmbedder(EmbedderBase):
@@ -68,6 +68,7 @@ class SentenceEmbedder(EmbedderBase):
         device: str = "auto",
         max_seq_tokens: int = 256,
         num_threads: Optional[int] = None,
+        cpu_weight_layout: str = "blocked",
     ):
         import torch
         from transformers import AutoModel, AutoTokenizer
@@ -85,7 +86,8 @@ class SentenceEmbedder(EmbedderBase):
         try:
             self._tokenizer = AutoTokenizer.from_pretrained(self.model_path, local_files_only=True)
             # (ready_to_serve takes cuDNN attention out on CUDA: every batch is padded to a new width)
-            self._model = ready_to_serve(AutoModel.from_pretrained(self.model_path, local_files_only=True), device)
+            self._model = ready_to_serve(AutoModel.from_pretrained(self.model_path, local_files_only=True), device,
+                                         cpu_weight_layout)
         except Exception as exc:
             raise ModelLoadError(f"could not load embedding model from {self.model_path}: {exc}") from exc
         self.max_seq_tokens = min(int(max_seq_tokens), int(self._model.config.max_position_embeddings))
@@ -112,5 +114,8 @@ class SentenceEmbedder(EmbedderBase):
         return result
 
     def describe(self) -> dict:
+        from .cpu_linears import weight_layout
+
         return {"device": self.device, "engine": "torch", "max_seq_tokens": self.max_seq_tokens,
-                "model_path": self.model_path, "threads": self._torch.get_num_threads(), "pid": os.getpid()}
+                "model_path": self.model_path, "threads": self._torch.get_num_threads(), "pid": os.getpid(),
+                "cpu_weight_layout": weight_layout(self._model)}

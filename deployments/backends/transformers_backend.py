@@ -15,6 +15,7 @@ from typing import Sequence
 import torch
 
 from .base import BackendError, LanguagePair, TranslationBackend
+from .cpu_linears import weight_layout
 from .heap import DECODING_TRIM_AFTER_TOKENS, trim_after_batch
 from .hf_loading import load_seq2seq, load_tokenizer, model_source, resolve_device, resolve_dtype
 from .languages import Languages, detect_family, parse_language_pair, source_language_code
@@ -41,6 +42,8 @@ class TransformersBackend(TranslationBackend):
             families (M2M100, NLLB): it restricts nothing there.
         num_threads: if given, ``torch.set_num_threads(num_threads)``.
         local_files_only: never contact the hub.
+        cpu_weight_layout: ``"blocked"`` or ``"plain"``: the layout of a float32
+            CPU model's linear weights (cpu_linears.py).
 
     Raises:
         ModelLoadError: folder missing, weights/config unreadable, or no way to
@@ -61,6 +64,7 @@ class TransformersBackend(TranslationBackend):
         language_pair: str | None = None,
         num_threads: int | None = None,
         local_files_only: bool = False,
+        cpu_weight_layout: str = "blocked",
     ) -> None:
         if num_beams < 1:
             raise ValueError(f"num_beams must be >= 1, got {num_beams}")
@@ -81,6 +85,7 @@ class TransformersBackend(TranslationBackend):
         self.min_new_tokens = None if min_new_tokens is None else int(min_new_tokens)
         self._explicit_pair = parse_language_pair(language_pair) if language_pair else None
         self._lock = threading.Lock()  # the tokenizer's src_lang is shared state
+        self.cpu_weight_layout = cpu_weight_layout
 
         self.tokenizer, self.model = self._load(self._model_id, local_files_only)
         self.model_type: str = getattr(self.model.config, "model_type", "unknown")
@@ -99,7 +104,7 @@ class TransformersBackend(TranslationBackend):
         """(tokenizer, model): the hook CTranslate2Backend overrides."""
         source = model_source(model)
         return load_tokenizer(source, local_files_only), load_seq2seq(model, source, self.dtype, self.device,
-                                                                     local_files_only)
+                                                                     local_files_only, self.cpu_weight_layout)
 
     def _max_input_length(self) -> int:
         limits = []
@@ -136,6 +141,7 @@ class TransformersBackend(TranslationBackend):
             "min_new_tokens": self.min_new_tokens,
             "model_type": self.model_type,
             "family": self.family,
+            "cpu_weight_layout": weight_layout(self.model),
         }
 
     def token_lengths(self, texts: Sequence[str], source: str) -> list[int]:

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from deployments.backends import cpu_linears
-from deployments.backends.cpu_linears import OneDnnLinear, dense_weight, linears_on_onednn
+from deployments.backends.cpu_linears import OneDnnLinear, dense_weight, linears_on_onednn, weight_layout
 
 
 def _layers(model: nn.Module) -> list[str]:
@@ -24,6 +24,39 @@ def test_a_loaded_cpu_model_runs_every_linear_on_onednn(make_backend, tiny_maria
     assert all(m.packed_weight is not None for m in layers)  # every weight in oneDNN's blocked layout
     # ...and only the tied one keeps its plain copy: no layer's weight is held twice
     assert [m for m in layers if m.weight is not None] == [backend.model.get_output_embeddings()]
+    assert backend.describe()["cpu_weight_layout"] == "blocked"
+
+
+def test_the_plain_layout_keeps_every_weight_and_copies_none(make_backend, tiny_marian_dir):
+    """`cpu_weight_layout: plain`: oneDNN's matmul on the model file's own weights, no blocked copy."""
+    blocked = make_backend(tiny_marian_dir)
+    plain = make_backend(tiny_marian_dir, cpu_weight_layout="plain")
+    layers = [m for m in plain.model.modules() if isinstance(m, nn.Linear)]
+    assert layers and all(type(m) is OneDnnLinear and m.packed_weight is None and m.weight is not None
+                          for m in layers)
+    assert plain.describe()["cpu_weight_layout"] == "plain"
+    ids = torch.tensor([[5, 9, 17, 23, 4, 11, 0]])
+    with torch.inference_mode():
+        outputs = [b.model.generate(input_ids=ids, max_new_tokens=12, min_new_tokens=12, do_sample=False,
+                                    num_beams=1).tolist() for b in (blocked, plain)]
+    assert outputs[0] == outputs[1]
+
+
+def test_an_unknown_layout_is_refused_quoted():
+    with pytest.raises(ValueError, match="'dense'"):
+        linears_on_onednn(nn.Sequential(nn.Linear(8, 8)), "dense")
+
+
+def test_the_layout_is_a_setting_with_an_env_var(monkeypatch):
+    from pydantic import ValidationError
+
+    from deployments.settings import EmbeddingSettings, TranslationSettings
+
+    assert TranslationSettings().cpu_weight_layout == EmbeddingSettings().cpu_weight_layout == "blocked"
+    monkeypatch.setenv("SERVE_APP_TRANSLATION_CPU_WEIGHT_LAYOUT", "plain")
+    assert TranslationSettings().cpu_weight_layout == "plain"
+    with pytest.raises(ValidationError, match="dense"):
+        EmbeddingSettings(cpu_weight_layout="dense")
 
 
 @pytest.mark.parametrize("rows", [1, 2, 4, 33])
@@ -77,7 +110,7 @@ def test_greedy_outputs_are_unchanged(make_backend, tiny_marian_dir):
 def test_other_dtypes_keep_torchs_linear(dtype):
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4)).to(dtype)
     assert linears_on_onednn(model) == 0
-    assert _layers(model) == ["Linear"]
+    assert _layers(model) == ["Linear"] and weight_layout(model) is None
 
 
 def test_without_the_op_nothing_changes(monkeypatch):
@@ -112,3 +145,8 @@ def test_the_torch_embedder_runs_its_linears_on_onednn():
     assert _layers(embedder._model) == ["OneDnnLinear"]
     vectors, tokens = embedder.embed(["hello world", "a longer sentence to embed"])
     assert vectors.shape == (2, embedder.dimensions) and tokens[0] < tokens[1]
+    assert embedder.describe()["cpu_weight_layout"] == "blocked"
+    plain = SentenceEmbedder(num_threads=1, cpu_weight_layout="plain")
+    assert plain.describe()["cpu_weight_layout"] == "plain"
+    again, _ = plain.embed(["hello world", "a longer sentence to embed"])
+    assert (again * vectors).sum(axis=1).min() > 0.99999
