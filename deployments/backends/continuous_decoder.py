@@ -37,6 +37,7 @@ import torch
 from torch.nn import functional as F
 
 from .generation_rules import UnsupportedModel, generation_rules, greedy_choice
+from .self_cache import GrowingLayer
 
 SUPPORTED_MODEL_TYPES = ("marian", "m2m_100")
 
@@ -91,7 +92,7 @@ class ContinuousDecoder:
 
     def _reset(self) -> None:
         self._rows: list[_Row] = []  # every row of the tensors, finished ones not yet compacted included
-        self._self_kv: list[Optional[tuple[torch.Tensor, torch.Tensor]]] = [None] * len(self.decoder.layers)
+        self._self = [GrowingLayer() for _ in self.decoder.layers]  # appended in place at each step (self_cache.py)
         self._cross_kv: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._enc_mask: Optional[torch.Tensor] = None  # (rows, S) of 0/1
 
@@ -105,8 +106,7 @@ class ContinuousDecoder:
         return sum(not row.done for row in self._rows)
 
     def _self_columns(self) -> int:
-        first = self._self_kv[0]
-        return 0 if first is None else first[0].shape[2]
+        return self._self[0].columns
 
     def cached_tokens(self) -> int:
         """Token slots the caches hold now (padding included): rows x (self columns + source columns)."""
@@ -149,9 +149,10 @@ class ContinuousDecoder:
                               for (k0, v0), (k1, v1) in zip(self._cross_kv, cross)]
             columns = lambda m: m if m.shape[1] == width else F.pad(m, (0, width - m.shape[1]))  # noqa: E731
             self._enc_mask = torch.cat([columns(self._enc_mask), columns(mask)])
-            if self._self_kv[0] is not None:  # the joiners' rows: zero (masked) columns, one op per tensor
+            if self._self[0].is_initialized:  # the joiners' rows: zero (masked) columns, one op per tensor
                 widen = lambda t: F.pad(t, (0, 0, 0, 0, 0, 0, 0, len(requests)))  # noqa: E731
-                self._self_kv = [(widen(k), widen(v)) for k, v in self._self_kv]
+                for layer in self._self:
+                    layer.hold(widen(layer.keys), widen(layer.values))
         self._rows += [_Row(r, [self.start_id]) for r in requests]
 
     def drop(self, tags: set) -> list[DecodeRequest]:
@@ -179,8 +180,8 @@ class ContinuousDecoder:
         index = torch.tensor(keep, device=self.device)
         self._rows = [self._rows[i] for i in keep]
         columns = max(len(row.ids) - 1 for row in self._rows)  # tokens fed: cached self columns
-        self._self_kv = [None if kv is None else tuple(t.index_select(0, index)[:, :, t.shape[2] - columns:]
-                                                       for t in kv) for kv in self._self_kv]
+        for layer in (layer for layer in self._self if layer.is_initialized):
+            layer.hold(*(t.index_select(0, index)[:, :, t.shape[2] - columns:] for t in (layer.keys, layer.values)))
         mask = self._enc_mask.index_select(0, index)
         used = mask.any(dim=0).nonzero()
         width = int(used.max()) + 1 if used.numel() else 0
@@ -210,15 +211,14 @@ class ContinuousDecoder:
 
         def layers(kvs) -> list:
             made = []
-            for kv in kvs:
+            for keys, values in kvs:
                 layer = DynamicLayer()
-                if kv is not None:
-                    layer.lazy_initialization(*kv)
-                    layer.keys, layer.values = kv
+                layer.lazy_initialization(keys, values)
+                layer.keys, layer.values = keys, values
                 made.append(layer)
             return made
         self_cache, cross_cache = DynamicCache(), DynamicCache()
-        self_cache.layers, cross_cache.layers = layers(self._self_kv), layers(self._cross_kv)
+        self_cache.layers, cross_cache.layers = self._self, layers(self._cross_kv)
         cache = EncoderDecoderCache(self_cache, cross_cache)
         cache.is_updated = {i: True for i in range(len(self._cross_kv))}
         # The layers read cross keys/values from the cache; the states only have to have their shape.
@@ -236,7 +236,6 @@ class ContinuousDecoder:
         if self.model_type == "marian":
             logits = logits + self.model.final_logits_bias
         scores = logits[:, -1, :].to(dtype=torch.float32)
-        self._self_kv = [(layer.keys, layer.values) for layer in self_cache.layers]
         next_ids = self._choose(scores).tolist()
 
         finished = []
