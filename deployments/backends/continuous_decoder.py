@@ -180,8 +180,9 @@ class ContinuousDecoder:
         index = torch.tensor(keep, device=self.device)
         self._rows = [self._rows[i] for i in keep]
         columns = max(len(row.ids) - 1 for row in self._rows)  # tokens fed: cached self columns
-        for layer in (layer for layer in self._self if layer.is_initialized):
-            layer.hold(*(t.index_select(0, index)[:, :, t.shape[2] - columns:] for t in (layer.keys, layer.values)))
+        if self._self[0].is_initialized:  # the layers are stepped together: all or none hold columns
+            for layer in self._self:
+                layer.hold(*(t.index_select(0, index)[:, :, t.shape[2] - columns:] for t in (layer.keys, layer.values)))
         mask = self._enc_mask.index_select(0, index)
         used = mask.any(dim=0).nonzero()
         width = int(used.max()) + 1 if used.numel() else 0

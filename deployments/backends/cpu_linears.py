@@ -24,7 +24,7 @@ holds it; a tied output projection keeps it, because the embeddings read it. `de
 plain weight back to code that reads it. `cpu_weight_layout: plain` (translation and embeddings settings) keeps
 the plain weights for memory-bound deployments: oneDNN's matmul on the plain layout, no copy.
 
-`linears_on_onednn(model, blocked)` turns each `nn.Linear` of a float32 CPU model into a `OneDnnLinear` (the same
+`linears_on_onednn(model, layout)` turns each `nn.Linear` of a float32 CPU model into a `OneDnnLinear` (the same
 module, parameters and tied weights, with that forward) once oneDNN has answered a probe layer as
 `nn.Linear` does; where torch lacks the op or the probe disagrees, the model is left as it was.
 """
