@@ -103,6 +103,8 @@ class ContinuousTranslation:
                 "max_cached_tokens": self.settings.max_cached_tokens,
                 "join_interval_steps": self.settings.join_interval_steps,
                 "engine": type(self.scheduler.decoder).__name__,
+                # greedy choices screened in bfloat16, exact (deployments/backends/screened_head.py)
+                "output_screen": "bfloat16" if self.scheduler.decoder.screen is not None else None,
                 "running": self.scheduler.decoder.running,
                 "waiting": sum(self.scheduler.waiting().values())}
 

@@ -23,7 +23,8 @@ How sequences of different ages share one batch (the outputs must equal single-i
   model's decoder calls them, with the model's attention implementation and masks.
 * logits: the processors greedy `generate` applies for these models (bad words,
   min_length, min_new_tokens, forced BOS, forced EOS at the last step), per row, in
-  `generate`'s order; anything else in the generation config is refused at construction.
+  `generate`'s order; anything else in the generation config is refused at construction. On the CPU
+  the best token comes from the output projection screened in bfloat16, exact (screened_head.py).
 
 Supported: Marian (``marian``) and M2M100/NLLB (``m2m_100``). Pure torch, no threads.
 """
@@ -36,7 +37,8 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch.nn import functional as F
 
-from .generation_rules import UnsupportedModel, generation_rules, greedy_choice
+from .generation_rules import UnsupportedModel, ban_, forced_choice, generation_rules, greedy_choice
+from .screened_head import ScreenedHead
 from .self_cache import GrowingLayer
 
 SUPPORTED_MODEL_TYPES = ("marian", "m2m_100")
@@ -86,6 +88,8 @@ class ContinuousDecoder:
         self._rules = {"eos_t": torch.tensor(self.eos_ids, **long), "min_length": self.min_length,
                        "bad_t": torch.tensor(self.bad_ids, **long) if self.bad_ids else None,
                        "forced_eos": self.forced_eos}
+        #: the output projection screened in bfloat16 (CPU, float32, blocked weights; screened_head.py) or None
+        self.screen = ScreenedHead.for_model(model) if self.device.type == "cpu" else None
         self._reset()
 
     # ------------------------------------------------------------------ state
@@ -233,11 +237,7 @@ class ContinuousDecoder:
                            past_key_values=cache, use_cache=True)
         if self.model_type == "m2m_100":
             hidden = self.decoder.layer_norm(hidden)
-        logits = self.model.lm_head(hidden)
-        if self.model_type == "marian":
-            logits = logits + self.model.final_logits_bias
-        scores = logits[:, -1, :].to(dtype=torch.float32)
-        next_ids = self._choose(scores).tolist()
+        next_ids = self._choose(hidden).tolist()
 
         finished = []
         for row, token in zip(rows, next_ids):
@@ -283,12 +283,17 @@ class ContinuousDecoder:
         position = table.weights.index_select(0, index).view(len(tokens), 1, -1).to(tokens.device)
         return dec.embed_tokens(tokens) + position
 
-    def _choose(self, scores: torch.Tensor) -> torch.Tensor:
-        """`generate`'s greedy choice after its logits processors, per row (greedy_choice)."""
-        state = torch.tensor([[len(r.ids) - 1, -1 if r.request.forced_bos_token_id is None
-                               else r.request.forced_bos_token_id, r.request.max_new_tokens,
-                               r.request.min_new_tokens or 0] for r in self._rows], device=scores.device)
-        return greedy_choice(scores, state[:, 0], state[:, 1], state[:, 2], state[:, 3], self._rules)
+    def _choose(self, hidden: torch.Tensor) -> torch.Tensor:
+        """`generate`'s greedy choice per row (greedy_choice); from the screened output projection where it decides."""
+        pos, bos, max_new, min_new = torch.tensor(
+            [[len(r.ids) - 1, -1 if r.request.forced_bos_token_id is None else r.request.forced_bos_token_id,
+              r.request.max_new_tokens, r.request.min_new_tokens or 0] for r in self._rows], device=hidden.device).unbind(1)
+        ban = lambda scores: ban_(scores, pos, min_new, self._rules)  # noqa: E731
+        best = None if self.screen is None else self.screen.argmax(hidden[:, -1], ban)
+        if best is None:
+            bias = self.model.final_logits_bias[0] if self.model_type == "marian" else 0
+            best = ban((self.model.lm_head(hidden)[:, -1, :] + bias).to(dtype=torch.float32)).argmax(dim=-1)
+        return forced_choice(best, pos, bos, max_new, self._rules)
 
 
 __all__ = ["ContinuousDecoder", "DecodeRequest", "SUPPORTED_MODEL_TYPES", "UnsupportedModel", "greedy_choice"]

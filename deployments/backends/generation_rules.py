@@ -50,15 +50,26 @@ def greedy_choice(scores: torch.Tensor, pos: torch.Tensor, bos: torch.Tensor, ma
     bans, min_length / min_new_tokens (EOS banned), forced BOS at the first step (bos >= 0), forced EOS at a
     row's last step. Tensor ops only (a CUDA graph replays it). `pos`: tokens each row has fed; `rules`:
     bad_t, eos_t (id tensors), min_length, forced_eos (ids)."""
+    return forced_choice(ban_(scores, pos, min_new, rules).argmax(dim=-1), pos, bos, max_new, rules)
+
+
+def ban_(scores: torch.Tensor, pos: torch.Tensor, min_new: torch.Tensor, rules: dict) -> torch.Tensor:
+    """greedy_choice's bans, in place (banned -> -inf): the single-token bad words, and EOS before a row's
+    min_length / min_new_tokens. Returns `scores`."""
     neg = -math.inf
     if rules["bad_t"] is not None:
         scores.index_fill_(1, rules["bad_t"], neg)
-    cur = pos + 1  # len(ids)
-    suppress = (cur < rules["min_length"]) | (pos < min_new)
+    suppress = (pos + 1 < rules["min_length"]) | (pos < min_new)
     eos_t = rules["eos_t"]
     eos = scores.index_select(1, eos_t)
     scores.index_copy_(1, eos_t, torch.where(suppress[:, None], torch.full_like(eos, neg), eos))
-    chosen = torch.where((pos == 0) & (bos >= 0), bos, scores.argmax(dim=-1))
+    return scores
+
+
+def forced_choice(best: torch.Tensor, pos: torch.Tensor, bos: torch.Tensor, max_new: torch.Tensor,
+                  rules: dict) -> torch.Tensor:
+    """greedy_choice's forced tokens over each row's `best` (argmax after `ban_`)."""
+    chosen = torch.where((pos == 0) & (bos >= 0), bos, best)
     if rules["forced_eos"]:  # several forced ids: generate's argmax takes the lowest
-        chosen = torch.where(cur == max_new, min(rules["forced_eos"]), chosen)
+        chosen = torch.where(pos + 1 == max_new, min(rules["forced_eos"]), chosen)
     return chosen

@@ -1,0 +1,133 @@
+"""Greedy decoding's choice over a float32 output projection on the CPU, screened in bfloat16, exact.
+
+At the few rows a continuous decoding step has, a step on the CPU is bound by reading weights, and the
+output projection is most of them: the Marian-sized model's (512 -> 58,101) is 57 % of its decoder's bytes,
+7.6 ms of a 1-row step's ~17 ms on this project's 2-core box (docs/benchmarks/continuous-batching.md,
+"Tenth sitting"). Greedy decoding needs only each row's best token, not every logit. So `ScreenedHead`:
+
+1. computes every logit from a bfloat16 copy of the weight (half the bytes; oneDNN's bf16 matmul where the
+   CPU has it), then applies `ban` (generate's bans, as the full path does);
+2. bounds each row's error against the float32 layer: bfloat16 rounds the hidden state and the weight to
+   8 significant bits (relative error u = 2^-8 each) and the output once more, so for every token j
+   |screened_j - exact_j| <= (2u + u^2 + K * 2^-23) * ||w_j|| ||h|| + 2.1u |screened_j| (Cauchy-Schwarz;
+   K * 2^-23 covers float32 accumulation of K products), bounded per row by the largest ||w_j|| and |screened_j|;
+3. keeps as candidates the tokens whose screened logit is within twice that bound of the row's best. The
+   exact best is among them: a token outside is below the best's exact logit by construction;
+4. computes the candidates' logits in float32 on the very op the full layer uses, on their rows of the weight
+   reordered as the full layer's are. oneDNN then answers bit for bit as the full layer does (checked on 677
+   row / candidate counts, and by `for_model`'s probe on the model itself), so the choice, ties to the
+   lowest id included, is the full layer's.
+
+When more than `SCREEN_TOP` tokens of a row fall within the bound (a flat distribution) or a value is not
+finite, `argmax` returns None and the caller computes the full layer for that step.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Callable, Optional
+
+import torch
+
+from .cpu_linears import PACKED_FOR_ROWS, OneDnnLinear
+
+logger = logging.getLogger(__name__)
+
+#: bfloat16's unit roundoff (8 significant bits)
+UNIT_ROUNDOFF = 2.0 ** -8
+#: candidates the screen looks at per row; more within the error bound -> the full layer for that step
+SCREEN_TOP = 8
+#: the candidates' weight rows are padded to a multiple of this: with a single row oneDNN picks another
+#: kernel, whose sums are rounded differently from the full layer's
+EXACT_ROWS_MULTIPLE = 16
+
+_linear = None if not hasattr(torch.ops, "mkldnn") else getattr(torch.ops.mkldnn, "_linear_pointwise", None)
+
+
+def _reorder(weight: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkldnn._reorder_linear_weight(weight, PACKED_FOR_ROWS)
+
+
+class ScreenedHead:
+    """Greedy choice over `weight` (vocab, hidden), float32 and plain, plus `bias` (or None)."""
+
+    def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor]):
+        self.weight, self.bias = weight.detach(), None if bias is None else bias.detach().reshape(-1)
+        self.screen = _reorder(self.weight.to(torch.bfloat16))
+        hidden_size = self.weight.shape[1]
+        u = UNIT_ROUNDOFF
+        self._per_norm = (2 * u + u * u + hidden_size * 2.0 ** -23) * float(self.weight.norm(dim=1).max())
+        self._per_output = 2.1 * u
+        self.screened_steps = self.full_steps = 0
+
+    @classmethod
+    def for_model(cls, model) -> Optional["ScreenedHead"]:
+        """The screen for `model`'s output projection (and Marian's `final_logits_bias`), built once per
+        model; None where it does not apply: not a float32 `OneDnnLinear` on blocked weights with its plain
+        weight at hand (a tied projection keeps it), no bf16 matmul on this CPU, or the probe disagrees."""
+        head = model.get_output_embeddings()
+        if hasattr(head, "_serve_app_screen"):
+            return head._serve_app_screen
+        screen = None
+        usable = (isinstance(head, OneDnnLinear) and head.packed_weight is not None and head.weight is not None
+                  and head.bias is None and head.weight.dtype == torch.float32 and _linear is not None
+                  and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        if usable:
+            bias = model.final_logits_bias if model.config.model_type == "marian" else None
+            screen = cls(head.weight, bias)
+            if not screen._agrees_with(head, bias):
+                logger.warning("the screened output projection disagrees with the full one on a probe; not used")
+                screen = None
+        head._serve_app_screen = screen
+        return screen
+
+    def _agrees_with(self, head, bias) -> bool:
+        """The candidates' logits equal the full layer's bit for bit, and the choice too, on random states."""
+        generator = torch.Generator().manual_seed(0)
+        scale = float(self.weight.norm(dim=1).mean()) or 1.0
+        with torch.inference_mode():
+            for rows in (1, 2, 5):
+                hidden = torch.randn(rows, self.weight.shape[1], generator=generator) / scale * 8
+                full = head(hidden[:, None, :])[:, 0]
+                if bias is not None:
+                    full = full + bias.reshape(1, -1)
+                some = torch.randperm(self.weight.shape[0], generator=generator)[:3].sort().values
+                if not torch.equal(self._exact(hidden, some), full.index_select(1, some)):
+                    return False
+                chosen = self.argmax(hidden, lambda scores: scores)
+                if chosen is not None and not torch.equal(chosen, full.argmax(dim=-1)):
+                    return False
+        self.screened_steps = self.full_steps = 0
+        return True
+
+    def _exact(self, hidden: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """The float32 logits of tokens `ids` (sorted) for every row, as the full layer computes them."""
+        count = len(ids)
+        padded = -(-count // EXACT_ROWS_MULTIPLE) * EXACT_ROWS_MULTIPLE
+        rows = torch.cat([ids, ids[:1].expand(padded - count)]) if padded > count else ids
+        logits = _linear(hidden, _reorder(self.weight.index_select(0, rows)), None, "none", [], "")[:, :count]
+        return logits if self.bias is None else logits + self.bias.index_select(0, ids)
+
+    def argmax(self, hidden: torch.Tensor, ban: Callable[[torch.Tensor], torch.Tensor]) -> Optional[torch.Tensor]:
+        """Each row's best token id after `ban` (in place on (rows, vocab) scores, banned -> -inf), as the
+        float32 layer's argmax picks it; None where the screen cannot decide this step."""
+        screened = _linear(hidden.to(torch.bfloat16), self.screen, None, "none", [], "").float()
+        error = self._per_norm * hidden.norm(dim=1) + self._per_output * screened.abs().amax(dim=1)
+        if self.bias is not None:
+            screened += self.bias
+        ban(screened)
+        top, ids = screened.topk(SCREEN_TOP, dim=1)
+        floor = top[:, 0] - 2 * error  # a token below it cannot be the best
+        if not (bool(torch.isfinite(error).all()) and bool((top[:, -1] < floor).all())):
+            self.full_steps += 1
+            return None
+        candidates = ids[top >= floor[:, None]].unique()  # sorted: the first of equal maxima is the lowest id
+        exact = self._exact(hidden, candidates)
+        # a row weighs only its own candidates: another row's may be banned here
+        exact.masked_fill_(screened.index_select(1, candidates) < floor[:, None], -math.inf)
+        self.screened_steps += 1
+        return candidates[exact.argmax(dim=1)]
+
+
+__all__ = ["EXACT_ROWS_MULTIPLE", "SCREEN_TOP", "ScreenedHead", "UNIT_ROUNDOFF"]

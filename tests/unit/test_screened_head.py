@@ -1,0 +1,136 @@
+"""The CPU continuous decoder's greedy choice from a bfloat16 screen of the output projection, exact
+(deployments/backends/screened_head.py): it must pick what the full float32 layer's argmax picks."""
+
+from __future__ import annotations
+
+import logging
+import random
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from deployments.backends import screened_head
+from deployments.backends.cpu_linears import linears_on_onednn
+from deployments.backends.screened_head import ScreenedHead
+
+pytestmark = pytest.mark.skipif(
+    not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+    reason="no oneDNN bfloat16 matmul on this CPU")
+
+
+class _Model(nn.Module):
+    """An output projection tied to embeddings (so its plain weight stays), with Marian's logits bias."""
+
+    def __init__(self, vocab: int = 3000, hidden: int = 64, seed: int = 0, bias: bool = True,
+                 same_rows: tuple[int, int] | None = None):
+        super().__init__()
+        generator = torch.Generator().manual_seed(seed)
+        self.embed = nn.Embedding(vocab, hidden)
+        self.lm_head = nn.Linear(hidden, vocab, bias=False)
+        with torch.no_grad():
+            self.lm_head.weight.copy_(torch.randn(vocab, hidden, generator=generator) * 0.1)
+            if same_rows:  # two tokens with the same logit everywhere
+                self.lm_head.weight[same_rows[1]] = self.lm_head.weight[same_rows[0]]
+        self.embed.weight = self.lm_head.weight
+        self.register_buffer("final_logits_bias", torch.randn(1, vocab, generator=generator) * (0.5 if bias else 0))
+        self.config = SimpleNamespace(model_type="marian")
+        self.requires_grad_(False)
+        assert linears_on_onednn(self) == 1
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def full(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The float32 logits as the continuous decoder computes them without the screen."""
+        return self.lm_head(hidden[:, None, :])[:, -1, :] + self.final_logits_bias[0]
+
+
+def _ban(banned: dict[int, list[int]]):
+    def ban(scores: torch.Tensor) -> torch.Tensor:
+        for row, ids in banned.items():
+            scores[row, ids] = -float("inf")
+        return scores
+    return ban
+
+
+def test_the_screen_picks_what_the_full_layer_picks_on_random_states():
+    model = _Model()
+    screen = ScreenedHead.for_model(model)
+    assert screen is not None and ScreenedHead.for_model(model) is screen  # built once per model
+    rng = random.Random(1)
+    generator = torch.Generator().manual_seed(1)
+    decided = 0
+    with torch.inference_mode():
+        for trial in range(200):
+            rows = rng.choice([1, 2, 3, 7, 16])
+            hidden = torch.randn(rows, 64, generator=generator) * rng.choice([0.3, 1.0, 8.0])
+            banned = {row: rng.sample(range(3000), rng.choice([0, 1, 40])) for row in range(rows)}
+            expected = _ban(banned)(model.full(hidden)).argmax(dim=-1)
+            got = screen.argmax(hidden, _ban(banned))
+            if got is not None:
+                decided += 1
+                assert torch.equal(got, expected), trial
+    assert decided >= 150  # the screen decides most steps; the rest fall back to the full layer
+
+
+def test_a_token_banned_in_one_row_is_not_chosen_there_though_another_row_wants_it():
+    model = _Model()
+    screen = ScreenedHead.for_model(model)
+    hidden = torch.randn(1, 64, generator=torch.Generator().manual_seed(3)).expand(2, 64).contiguous()
+    with torch.inference_mode():
+        best = int(model.full(hidden)[0].argmax())
+        second = int(model.full(hidden)[0].topk(2).indices[1])
+        got = screen.argmax(hidden, _ban({0: [best]}))
+    assert got is not None and got.tolist() == [second, best]
+
+
+def test_equal_best_logits_pick_the_lowest_id_as_argmax_does():
+    model = _Model(bias=False, same_rows=(700, 2500))
+    hidden = (model.lm_head.weight[700] * 40)[None, :]
+    with torch.inference_mode():
+        full = model.full(hidden)
+        assert full[0, 700] == full[0, 2500] == full.max()
+        got = ScreenedHead.for_model(model).argmax(hidden, _ban({}))
+    assert got is not None and got.tolist() == [700] == full.argmax(dim=-1).tolist()
+
+
+def test_a_flat_or_broken_step_falls_back_to_the_full_layer():
+    model = _Model(bias=False)
+    screen = ScreenedHead.for_model(model)
+    with torch.inference_mode():
+        assert screen.argmax(torch.zeros(2, 64), _ban({})) is None  # every logit equal: more than SCREEN_TOP tie
+        assert screen.argmax(torch.full((1, 64), float("nan")), _ban({})) is None
+    assert screen.full_steps == 2
+
+
+def test_a_probe_that_disagrees_keeps_the_full_layer(monkeypatch, caplog):
+    exact = ScreenedHead._exact
+    monkeypatch.setattr(ScreenedHead, "_exact", lambda self, hidden, ids: exact(self, hidden, ids) * (1 + 1e-6))
+    with caplog.at_level(logging.WARNING, logger=screened_head.__name__):
+        assert ScreenedHead.for_model(_Model()) is None
+    assert "disagrees" in caplog.text
+
+
+def test_only_blocked_float32_projections_are_screened():
+    plain = _Model()
+    plain.lm_head.packed_weight = None  # as cpu_weight_layout: plain leaves it
+    assert ScreenedHead.for_model(plain) is None
+    untouched = nn.Module()
+    untouched.lm_head = nn.Linear(8, 16)
+    untouched.get_output_embeddings = lambda: untouched.lm_head
+    untouched.config = SimpleNamespace(model_type="marian")
+    assert ScreenedHead.for_model(untouched) is None
+
+
+def test_the_continuous_decoder_on_the_cpu_decides_from_the_screen(marian_backend):
+    from deployments.backends.continuous_decoder import DecodeRequest
+
+    decoder = marian_backend.continuous_decoder()
+    assert decoder.screen is not None
+    before = decoder.screen.screened_steps
+    decoder.join([DecodeRequest([5, 9, 17, 23, 4, 0], 8, 8), DecodeRequest([7, 3, 0], 8, 8)])
+    while decoder.running:
+        decoder.step()
+    assert decoder.screen.screened_steps > before
