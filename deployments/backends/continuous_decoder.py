@@ -90,6 +90,7 @@ class ContinuousDecoder:
                        "forced_eos": self.forced_eos}
         #: the output projection screened in bfloat16 (CPU, float32, blocked weights; screened_head.py) or None
         self.screen = ScreenedHead.for_model(model) if self.device.type == "cpu" else None
+        self._head = model.get_output_embeddings()  # the full layer, whatever greedy `generate` swaps in meanwhile
         self._reset()
 
     # ------------------------------------------------------------------ state
@@ -292,7 +293,7 @@ class ContinuousDecoder:
         best = None if self.screen is None else self.screen.argmax(hidden[:, -1], ban)
         if best is None:
             bias = self.model.final_logits_bias[0] if self.model_type == "marian" else 0
-            best = ban((self.model.lm_head(hidden)[:, -1, :] + bias).to(dtype=torch.float32)).argmax(dim=-1)
+            best = ban((self._head(hidden)[:, -1, :] + bias).to(dtype=torch.float32)).argmax(dim=-1)
         return forced_choice(best, pos, bos, max_new, self._rules)
 
 

@@ -20,17 +20,23 @@ output projection is most of them: the Marian-sized model's (512 -> 58,101) is 5
 
 When more than `SCREEN_TOP` tokens of a row fall within the bound (a flat distribution) or a value is not
 finite, `argmax` returns None and the caller computes the full layer for that step.
+
+Two users: the CPU continuous decoder (`ScreenedHead.argmax`), and greedy `generate` for static batching
+(`screened_generate` swaps `ScreenedLogits` in for the output projection for the call).
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from contextlib import contextmanager
 from typing import Callable, Optional
 
 import torch
+from torch import nn
 
 from .cpu_linears import PACKED_FOR_ROWS, OneDnnLinear
+from .generation_rules import UnsupportedModel, generation_rules
 
 logger = logging.getLogger(__name__)
 
@@ -101,17 +107,18 @@ class ScreenedHead:
         self.screened_steps = self.full_steps = 0
         return True
 
-    def _exact(self, hidden: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """The float32 logits of tokens `ids` (sorted) for every row, as the full layer computes them."""
+    def _exact(self, hidden: torch.Tensor, ids: torch.Tensor, bias: bool = True) -> torch.Tensor:
+        """The float32 logits of tokens `ids` for every row, as the full layer computes them (plus the bias)."""
         count = len(ids)
         padded = -(-count // EXACT_ROWS_MULTIPLE) * EXACT_ROWS_MULTIPLE
         rows = torch.cat([ids, ids[:1].expand(padded - count)]) if padded > count else ids
         logits = _linear(hidden, _reorder(self.weight.index_select(0, rows)), None, "none", [], "")[:, :count]
-        return logits if self.bias is None else logits + self.bias.index_select(0, ids)
+        return logits if self.bias is None or not bias else logits + self.bias.index_select(0, ids)
 
-    def argmax(self, hidden: torch.Tensor, ban: Callable[[torch.Tensor], torch.Tensor]) -> Optional[torch.Tensor]:
-        """Each row's best token id after `ban` (in place on (rows, vocab) scores, banned -> -inf), as the
-        float32 layer's argmax picks it; None where the screen cannot decide this step."""
+    def candidates(self, hidden: torch.Tensor, ban: Callable[[torch.Tensor], torch.Tensor]):
+        """The tokens that can be a row's best after `ban` (in place on (rows, vocab) scores, banned -> -inf),
+        sorted, and which row each can be the best of ((rows, tokens) bool); None where the screen cannot
+        decide this step."""
         screened = _linear(hidden.to(torch.bfloat16), self.screen, None, "none", [], "").float()
         error = self._per_norm * hidden.norm(dim=1) + self._per_output * screened.abs().amax(dim=1)
         if self.bias is not None:
@@ -122,12 +129,70 @@ class ScreenedHead:
         if not (bool(torch.isfinite(error).all()) and bool((top[:, -1] < floor).all())):
             self.full_steps += 1
             return None
-        candidates = ids[top >= floor[:, None]].unique()  # sorted: the first of equal maxima is the lowest id
-        exact = self._exact(hidden, candidates)
-        # a row weighs only its own candidates: another row's may be banned here
-        exact.masked_fill_(screened.index_select(1, candidates) < floor[:, None], -math.inf)
         self.screened_steps += 1
-        return candidates[exact.argmax(dim=1)]
+        candidates = ids[top >= floor[:, None]].unique()
+        return candidates, screened.index_select(1, candidates) >= floor[:, None]
+
+    def argmax(self, hidden: torch.Tensor, ban: Callable[[torch.Tensor], torch.Tensor]) -> Optional[torch.Tensor]:
+        """Each row's best token id after `ban` (see `candidates`), as the float32 layer's argmax picks it;
+        None where the screen cannot decide this step."""
+        found = self.candidates(hidden, ban)
+        if found is None:
+            return None
+        ids, own = found
+        # a row weighs only its own candidates (another row's may be banned here); sorted ids: the first of
+        # equal maxima is the lowest id, as argmax over the vocabulary picks
+        return ids[self._exact(hidden, ids).masked_fill_(~own, -math.inf).argmax(dim=1)]
 
 
-__all__ = ["EXACT_ROWS_MULTIPLE", "SCREEN_TOP", "ScreenedHead", "UNIT_ROUNDOFF"]
+class ScreenedLogits(nn.Module):
+    """The output projection inside greedy `generate` (static batching): per step, exact logits for every
+    token that can be chosen (each row's screened candidates among the tokens other than EOS and the banned
+    ones, and EOS) and -inf for the rest, so that generate's own logits processors and argmax pick what they
+    pick on the full logits (whether they ban EOS this step or not); the full layer where the screen cannot
+    decide. The model adds its logits bias to the output, as to the full layer's."""
+
+    def __init__(self, head: nn.Module, screen: ScreenedHead, eos_ids: list[int], bad_ids: list[int]):
+        super().__init__()
+        self.head, self.screen = head, screen
+        self.eos = torch.tensor(sorted(set(eos_ids)), dtype=torch.long)
+        self.excluded = torch.tensor(sorted(set(eos_ids) | set(bad_ids)), dtype=torch.long)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if hidden.dim() != 3 or hidden.shape[1] != 1:  # not a decoding step of one token per row
+            return self.head(hidden)
+        found = self.screen.candidates(hidden[:, 0], lambda scores: scores.index_fill_(1, self.excluded, -math.inf))
+        if found is None:
+            return self.head(hidden)
+        ids = torch.cat([found[0], self.eos])
+        logits = hidden.new_full((hidden.shape[0], 1, self.screen.weight.shape[0]), -math.inf)
+        logits[:, 0, ids] = self.screen._exact(hidden[:, 0], ids, bias=False)
+        return logits
+
+
+@contextmanager
+def screened_generate(model):
+    """Greedy `generate` on `model` with its output projection screened (`ScreenedLogits`) where a screen
+    applies (`ScreenedHead.for_model`) and continuous decoding's rules cover its generation config (greedy
+    only: a beam search needs every logit). Callers serialize their `generate` calls on the model."""
+    head = model.get_output_embeddings()
+    screened = getattr(head, "_serve_app_logits", None)
+    if screened is None and not hasattr(head, "_serve_app_logits"):
+        screen = ScreenedHead.for_model(model)
+        try:
+            rules = generation_rules(model) if screen is not None else None
+        except UnsupportedModel:
+            rules = None
+        screened = None if rules is None else ScreenedLogits(head, screen, rules["eos"], rules["bad"])
+        head._serve_app_logits = screened
+    if screened is None:
+        yield
+        return
+    model.set_output_embeddings(screened)
+    try:
+        yield
+    finally:
+        model.set_output_embeddings(head)
+
+
+__all__ = ["EXACT_ROWS_MULTIPLE", "SCREEN_TOP", "ScreenedHead", "ScreenedLogits", "UNIT_ROUNDOFF", "screened_generate"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from contextlib import nullcontext
 from typing import Sequence
 
 import torch
@@ -19,6 +20,7 @@ from .cpu_linears import weight_layout
 from .heap import DECODING_TRIM_AFTER_TOKENS, trim_after_batch
 from .hf_loading import load_seq2seq, load_tokenizer, model_source, resolve_device, resolve_dtype
 from .languages import Languages, detect_family, parse_language_pair, source_language_code
+from .screened_head import screened_generate
 
 logger = logging.getLogger(__name__)
 
@@ -237,7 +239,8 @@ class TransformersBackend(TranslationBackend):
         if self.family in ("m2m100", "nllb"):
             gen_kwargs["forced_bos_token_id"] = self._lang_token_ids[target]
         try:
-            with torch.inference_mode():
+            # greedy on the CPU: each token from the screened output projection, exact (screened_head.py)
+            with torch.inference_mode(), screened_generate(self.model) if self.num_beams == 1 else nullcontext():
                 out = self.model.generate(
                     input_ids=input_ids.to(self.device),
                     attention_mask=attention_mask.to(self.device),

@@ -134,3 +134,55 @@ def test_the_continuous_decoder_on_the_cpu_decides_from_the_screen(marian_backen
     while decoder.running:
         decoder.step()
     assert decoder.screen.screened_steps > before
+
+
+@pytest.mark.parametrize("fixture", ["marian_backend", "m2m100_backend"])
+def test_greedy_generate_with_the_screen_gives_the_full_layer_s_ids(fixture, request):
+    """Static batching: `generate` with `ScreenedLogits` in place of the output projection, against plain
+    `generate`, with EOS banned (min_new_tokens) and free, and M2M100's forced target language."""
+    from deployments.backends.screened_head import screened_generate
+
+    backend = request.getfixturevalue(fixture)
+    model, head = backend.model, backend.model.get_output_embeddings()
+    rng = random.Random(4)
+    rows = [[rng.randint(5, 90) for _ in range(rng.randint(2, 12))] + [backend.tokenizer.eos_token_id]
+            for _ in range(9)]
+    input_ids, attention_mask = backend._pad(rows)
+    extra = {"forced_bos_token_id": backend.forced_bos_token_id("pt")} if fixture == "m2m100_backend" else {}
+    for min_new in (None, 4, 12):
+        kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=12, do_sample=False,
+                      num_beams=1, **extra, **({} if min_new is None else {"min_new_tokens": min_new}))
+        with torch.inference_mode():
+            expected = model.generate(**kwargs).tolist()
+            screen = ScreenedHead.for_model(model)
+            before = screen.screened_steps
+            with screened_generate(model):
+                assert model.get_output_embeddings() is not head
+                got = model.generate(**kwargs).tolist()
+        assert got == expected, min_new
+        assert screen.screened_steps > before
+        assert model.get_output_embeddings() is head  # put back
+
+
+def test_the_backend_s_greedy_generate_is_screened_and_a_beam_search_is_not(make_backend, tiny_marian_dir):
+    greedy, beams = make_backend(tiny_marian_dir), make_backend(tiny_marian_dir, num_beams=2)
+    texts = ["a b c d", "e f g", "h i j k l m"]
+    screen = ScreenedHead.for_model(greedy.model)
+    before = screen.screened_steps
+    greedy.generate_ids(texts, "en", "de")
+    assert screen.screened_steps > before
+    seen = []
+    original = beams.model.generate
+    beams.model.generate = lambda **kw: seen.append(type(beams.model.get_output_embeddings())) or original(**kw)
+    beams.generate_ids(texts, "en", "de")
+    assert seen and seen[0].__name__ == "OneDnnLinear"
+
+
+def test_the_output_projection_is_put_back_when_generate_fails(marian_backend):
+    from deployments.backends.screened_head import screened_generate
+
+    head = marian_backend.model.get_output_embeddings()
+    with pytest.raises(RuntimeError):
+        with screened_generate(marian_backend.model):
+            raise RuntimeError("generation failed")
+    assert marian_backend.model.get_output_embeddings() is head
