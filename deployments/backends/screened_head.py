@@ -51,6 +51,13 @@ EXACT_ROWS_MULTIPLE = 16
 _linear = None if not hasattr(torch.ops, "mkldnn") else getattr(torch.ops.mkldnn, "_linear_pointwise", None)
 
 
+def native_bfloat16() -> bool:
+    """This CPU multiplies bfloat16 in hardware (AVX-512 BF16 or AMX). Elsewhere oneDNN would emulate it,
+    and the screen could cost more than the float32 layer it saves."""
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(torch.cpu, name, lambda: False)() for name in probes)
+
+
 def _reorder(weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight, PACKED_FOR_ROWS)
 
@@ -71,14 +78,14 @@ class ScreenedHead:
     def for_model(cls, model) -> Optional["ScreenedHead"]:
         """The screen for `model`'s output projection (and Marian's `final_logits_bias`), built once per
         model; None where it does not apply: not a float32 `OneDnnLinear` on blocked weights with its plain
-        weight at hand (a tied projection keeps it), no bf16 matmul on this CPU, or the probe disagrees."""
+        weight at hand (a tied projection keeps it), no bfloat16 arithmetic in this CPU, or the probe disagrees."""
         head = model.get_output_embeddings()
         if hasattr(head, "_serve_app_screen"):
             return head._serve_app_screen
         screen = None
         usable = (isinstance(head, OneDnnLinear) and head.packed_weight is not None and head.weight is not None
                   and head.bias is None and head.weight.dtype == torch.float32 and _linear is not None
-                  and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+                  and torch.ops.mkldnn._is_mkldnn_bf16_supported() and native_bfloat16())
         if usable:
             bias = model.final_logits_bias if model.config.model_type == "marian" else None
             screen = cls(head.weight, bias)
@@ -195,4 +202,5 @@ def screened_generate(model):
         model.set_output_embeddings(head)
 
 
-__all__ = ["EXACT_ROWS_MULTIPLE", "SCREEN_TOP", "ScreenedHead", "ScreenedLogits", "UNIT_ROUNDOFF", "screened_generate"]
+__all__ = ["EXACT_ROWS_MULTIPLE", "SCREEN_TOP", "ScreenedHead", "ScreenedLogits", "UNIT_ROUNDOFF", "native_bfloat16",
+           "screened_generate"]

@@ -16,8 +16,9 @@ from deployments.backends.cpu_linears import linears_on_onednn
 from deployments.backends.screened_head import ScreenedHead
 
 pytestmark = pytest.mark.skipif(
-    not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()),
-    reason="no oneDNN bfloat16 matmul on this CPU")
+    not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+         and screened_head.native_bfloat16()),
+    reason="no bfloat16 arithmetic in this CPU (oneDNN would emulate it)")
 
 
 class _Model(nn.Module):
@@ -111,6 +112,11 @@ def test_a_probe_that_disagrees_keeps_the_full_layer(monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger=screened_head.__name__):
         assert ScreenedHead.for_model(_Model()) is None
     assert "disagrees" in caplog.text
+
+
+def test_a_cpu_without_bfloat16_arithmetic_keeps_the_full_layer(monkeypatch):
+    monkeypatch.setattr(screened_head, "native_bfloat16", lambda: False)
+    assert ScreenedHead.for_model(_Model()) is None
 
 
 def test_only_blocked_float32_projections_are_screened():
