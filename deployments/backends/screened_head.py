@@ -127,7 +127,8 @@ class ScreenedHead:
         sorted, and which row each can be the best of ((rows, tokens) bool); None where the screen cannot
         decide this step."""
         screened = _linear(hidden.to(torch.bfloat16), self.screen, None, "none", [], "").float()
-        error = self._per_norm * hidden.norm(dim=1) + self._per_output * screened.abs().amax(dim=1)
+        largest = torch.maximum(screened.amax(dim=1), screened.amin(dim=1).neg())  # |.| max, no (rows, vocab) temporary
+        error = self._per_norm * hidden.norm(dim=1) + self._per_output * largest
         if self.bias is not None:
             screened += self.bias
         ban(screened)
