@@ -44,6 +44,9 @@ logger = logging.getLogger(__name__)
 UNIT_ROUNDOFF = 2.0 ** -8
 #: candidates the screen looks at per row; more within the error bound -> the full layer for that step
 SCREEN_TOP = 8
+#: the candidates are found block by block: blocks of this many tokens whose largest screened logit is
+#: within the bound, then their tokens (one pass over the logits instead of a top-k: 0.2 against 1.0 ms at 13 rows)
+SCREEN_BLOCK = 64
 #: the candidates' weight rows are padded to a multiple of this: with a single row oneDNN picks another
 #: kernel, whose sums are rounded differently from the full layer's
 EXACT_ROWS_MULTIPLE = 16
@@ -73,6 +76,8 @@ class ScreenedHead:
         self._per_norm = (2 * u + u * u + hidden_size * 2.0 ** -23) * float(self.weight.norm(dim=1).max())
         self._per_output = 2.1 * u
         self.screened_steps = self.full_steps = 0
+        self._block = torch.arange(SCREEN_BLOCK)
+        self._tail = torch.arange(self.weight.shape[0] // SCREEN_BLOCK * SCREEN_BLOCK, self.weight.shape[0])
 
     @classmethod
     def for_model(cls, model) -> Optional["ScreenedHead"]:
@@ -132,14 +137,23 @@ class ScreenedHead:
         if self.bias is not None:
             screened += self.bias
         ban(screened)
-        top, ids = screened.topk(SCREEN_TOP, dim=1)
-        floor = top[:, 0] - 2 * error  # a token below it cannot be the best
-        if not (bool(torch.isfinite(error).all()) and bool((top[:, -1] < floor).all())):
-            self.full_steps += 1
-            return None
-        self.screened_steps += 1
-        candidates = ids[top >= floor[:, None]].unique()
-        return candidates, screened.index_select(1, candidates) >= floor[:, None]
+        whole = screened.shape[1] // SCREEN_BLOCK * SCREEN_BLOCK
+        blocks = screened[:, :whole].unflatten(1, (-1, SCREEN_BLOCK)).amax(dim=2)  # (rows, blocks): each one's best
+        bests = ([blocks.amax(dim=1)] if whole else []) + (  # the tokens after the last whole block: always looked at
+            [screened[:, whole:].amax(dim=1)] if whole < screened.shape[1] else [])
+        best = bests[0] if len(bests) == 1 else torch.maximum(*bests)
+        floor = best - 2 * error  # a token below it cannot be the best
+        hot = blocks >= floor[:, None]  # blocks holding a token within the bound
+        if bool(torch.isfinite(error).all()) and bool((hot.sum(dim=1) <= SCREEN_TOP).all()):
+            tokens = (hot.any(dim=0).nonzero()[:, :1] * SCREEN_BLOCK + self._block).reshape(-1)
+            tokens = torch.cat([tokens, self._tail])
+            near = screened.index_select(1, tokens) >= floor[:, None]
+            if bool((near.sum(dim=1) <= SCREEN_TOP).all()):
+                self.screened_steps += 1
+                keep = near.any(dim=0)
+                return tokens[keep], near[:, keep]  # sorted ids
+        self.full_steps += 1
+        return None
 
     def argmax(self, hidden: torch.Tensor, ban: Callable[[torch.Tensor], torch.Tensor]) -> Optional[torch.Tensor]:
         """Each row's best token id after `ban` (see `candidates`), as the float32 layer's argmax picks it;
@@ -203,5 +217,5 @@ def screened_generate(model):
         model.set_output_embeddings(head)
 
 
-__all__ = ["EXACT_ROWS_MULTIPLE", "SCREEN_TOP", "ScreenedHead", "ScreenedLogits", "UNIT_ROUNDOFF", "native_bfloat16",
+__all__ = ["EXACT_ROWS_MULTIPLE", "SCREEN_BLOCK", "SCREEN_TOP", "ScreenedHead", "ScreenedLogits", "UNIT_ROUNDOFF", "native_bfloat16",
            "screened_generate"]

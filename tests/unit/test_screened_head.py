@@ -192,3 +192,34 @@ def test_the_output_projection_is_put_back_when_generate_fails(marian_backend):
         with screened_generate(marian_backend.model):
             raise RuntimeError("generation failed")
     assert marian_backend.model.get_output_embeddings() is head
+
+
+@pytest.mark.parametrize("vocab", [40, 64, 3000, 3001])
+def test_the_candidates_are_every_token_within_the_bound(vocab):
+    """Found block by block (`SCREEN_BLOCK`): the same set a sort of each row's screened logits gives, whatever
+    the vocabulary's remainder, with the full layer wherever a row has more than SCREEN_TOP of them."""
+    model = _Model(vocab=vocab, seed=vocab)
+    screen = ScreenedHead.for_model(model)
+    generator = torch.Generator().manual_seed(1)
+    decided = undecided = 0
+    for spread in (0.02, 0.3, 1.0, 4.0, 16.0):  # from flat (many within the bound) to peaked
+        hidden = torch.randn(6, 64, generator=generator) * spread
+        screen._per_norm *= 40  # a wider bound: several candidates per row, and some rows past SCREEN_TOP
+        found = screen.candidates(hidden, lambda scores: scores)
+        screen._per_norm /= 40
+        screened = torch.ops.mkldnn._linear_pointwise(hidden.to(torch.bfloat16), screen.screen, None, "none", [], "")
+        screened = screened.float()
+        largest = torch.maximum(screened.amax(dim=1), screened.amin(dim=1).neg())
+        error = 40 * screen._per_norm * hidden.norm(dim=1) + screen._per_output * largest
+        screened += screen.bias
+        floor = screened.max(dim=1).values - 2 * error
+        within = screened >= floor[:, None]
+        if bool((within.sum(dim=1) > screened_head.SCREEN_TOP).any()):
+            assert found is None
+            undecided += 1
+            continue
+        decided += 1
+        ids, own = found
+        assert torch.equal(ids, within.any(dim=0).nonzero()[:, 0])
+        assert torch.equal(own, within[:, ids])
+    assert decided and undecided
