@@ -105,6 +105,8 @@ class ContinuousTranslation:
                 "engine": type(self.scheduler.decoder).__name__,
                 # greedy choices screened in bfloat16, exact (deployments/backends/screened_head.py)
                 "output_screen": "bfloat16" if self.scheduler.decoder.screen is not None else None,
+                # attention row by row where padding dominates (deployments/backends/row_attention.py)
+                "row_attention": self.scheduler.decoder.row_attention,
                 "running": self.scheduler.decoder.running,
                 "waiting": sum(self.scheduler.waiting().values())}
 

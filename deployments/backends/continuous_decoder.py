@@ -18,7 +18,9 @@ How sequences of different ages share one batch (the outputs must equal single-i
 * cross-attention: keys/values of each row's encoder states, right-padded to the longest
   source in the batch, with the rows' encoder attention masks.
 * both are views of buffers with spare rows and columns (batch_cache.py): a step writes its
-  column in place, joiners take spare rows, and leavers' rows are filled by the last rows.
+  column in place, joiners take spare rows, and leavers' rows are filled by the last rows. On
+  the CPU, where padding dominates a step's attention, each row attends to its own columns
+  only (row_attention.py).
 * positions: every row gets its own position (tokens it has fed), so the decoder's
   position embeddings are computed here, per row (the model's own decoder forward uses one
   offset for the whole batch); the layers themselves are the model's, called as the
@@ -39,13 +41,12 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch.nn import functional as F
 
+from .batch_cache import BatchCaches, length_groups
 from .generation_rules import UnsupportedModel, ban_, forced_choice, generation_rules, greedy_choice
+from .row_attention import RowSpans, use_row_attention
 from .screened_head import ScreenedHead
-from .batch_cache import BatchCaches
 
 SUPPORTED_MODEL_TYPES = ("marian", "m2m_100")
-#: joiners are encoded in groups padded to at most this fraction over their own tokens
-ENCODER_PADDING = 0.25
 
 
 @dataclass
@@ -64,23 +65,6 @@ class _Row:
     request: DecodeRequest
     ids: list[int] = field(default_factory=list)  # decoder tokens: start token, then generated ones
     done: bool = False  # finished, still in the tensors until the next compaction
-
-
-def length_groups(requests: Sequence[DecodeRequest], padding: float = ENCODER_PADDING) -> list[list[DecodeRequest]]:
-    """`requests` by source length, cut into groups whose padded tokens are at most (1 + `padding`) x their
-    tokens: one encoder pass per group. (One pass over 32 joiners of the length mix, padded to the longest
-    of 145 tokens, computed 6.6 x their tokens.)"""
-    groups: list[list[DecodeRequest]] = []
-    tokens = 0
-    for request in sorted(requests, key=lambda r: len(r.input_ids)):
-        length = len(request.input_ids)
-        if groups and (len(groups[-1]) + 1) * length <= (1 + padding) * (tokens + length):
-            groups[-1].append(request)
-            tokens += length
-        else:
-            groups.append([request])
-            tokens = length
-    return groups
 
 
 class ContinuousDecoder:
@@ -112,6 +96,8 @@ class ContinuousDecoder:
         #: the output projection screened in bfloat16 (CPU, float32, blocked weights; screened_head.py) or None
         self.screen = ScreenedHead.for_model(model) if self.device.type == "cpu" else None
         self._head = model.get_output_embeddings()  # the full layer, whatever greedy `generate` swaps in meanwhile
+        #: the cross-attention modules' ids where a step's attention may go row by row (CPU; row_attention.py)
+        self._cross_modules = use_row_attention(self.decoder) if self.device.type == "cpu" else frozenset()
         self._reset()
 
     # ------------------------------------------------------------------ state
@@ -128,6 +114,11 @@ class ContinuousDecoder:
     @property
     def running(self) -> int:
         return sum(not row.done for row in self._rows)
+
+    @property
+    def row_attention(self) -> bool:
+        """Whether steps may compute attention row by row (row_attention.py)."""
+        return bool(self._cross_modules)
 
     def _self_columns(self) -> int:
         return self._cache.self_columns
@@ -232,9 +223,11 @@ class ContinuousDecoder:
                                     past_key_values=self_cache)
         cross_mask = create_bidirectional_mask(config=self.config, inputs_embeds=hidden,
                                                attention_mask=self._cache.source_mask, encoder_hidden_states=enc_states)
+        spans = {"row_spans": RowSpans(tuple(len(r.ids) for r in rows), tuple(self._cache.source_mask.sum(dim=1).tolist()),
+                                       self._cross_modules)} if self._cross_modules else {}
         for layer in self.decoder.layers:
             hidden = layer(hidden, causal, enc_states, encoder_attention_mask=cross_mask,
-                           past_key_values=cache, use_cache=True)
+                           past_key_values=cache, use_cache=True, **spans)
         if self.model_type == "m2m_100":
             hidden = self.decoder.layer_norm(hidden)
         next_ids = self._choose(hidden).tolist()

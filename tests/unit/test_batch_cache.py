@@ -7,8 +7,9 @@ import random
 
 import torch
 
-from deployments.backends.batch_cache import SPARE_COLUMNS, SPARE_ROWS, BatchCaches, GrowingLayer, RowBuffer
-from deployments.backends.continuous_decoder import ContinuousDecoder, DecodeRequest, length_groups
+from deployments.backends.batch_cache import (SPARE_COLUMNS, SPARE_ROWS, BatchCaches, GrowingLayer, RowBuffer,
+                                              length_groups)
+from deployments.backends.continuous_decoder import ContinuousDecoder, DecodeRequest
 
 
 def _column(rows: int = 3, heads: int = 2, head_dim: int = 4) -> tuple[torch.Tensor, torch.Tensor]:

@@ -15,6 +15,7 @@ import random
 
 import pytest
 
+from deployments.backends import row_attention
 from deployments.backends.continuous_decoder import ContinuousDecoder, DecodeRequest, UnsupportedModel
 from deployments.backends.slot_decoder import SlotDecoder
 
@@ -24,9 +25,17 @@ FAMILIES = {"marian": ("tiny_marian_dir", "en", "de"), "m2m100": ("tiny_m2m100_d
             "nllb": ("tiny_nllb_dir", "en", "pt")}
 
 
-#: the two engines: tensors cut to the running rows (the CPU's), fixed slots (the GPU's, here without graphs)
+#: the engines: tensors cut to the running rows (the CPU's), the same with every step's attention row by row
+#: (row_attention.py; on its own it goes row by row only where padding dominates), fixed slots (the GPU's, here
+#: without graphs)
 ENGINES = {"tensors": lambda backend: backend.continuous_decoder(),
+           "rows": lambda backend: backend.continuous_decoder(),
            "slots": lambda backend: SlotDecoder(backend.model, backend._pad, slots=64, graphs=False)}
+
+
+def _rows_always(engine_name: str, monkeypatch) -> None:
+    if engine_name == "rows":
+        monkeypatch.setattr(row_attention, "MIN_PADDING_PER_ROW", -10**9)
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
@@ -36,8 +45,9 @@ def case(request, make_backend):
 
 
 @pytest.fixture(params=sorted(ENGINES))
-def engine(request):
+def engine(request, monkeypatch):
     """Builds a decoder of one engine over a backend."""
+    _rows_always(request.param, monkeypatch)
     return ENGINES[request.param]
 
 
@@ -212,13 +222,14 @@ def test_unsupported_model_type_is_refused(make_backend, tiny_m2m100_dir):
 @pytest.mark.skipif(os.environ.get("SERVE_APP_SLOW_TESTS") != "1", reason="slow: set SERVE_APP_SLOW_TESTS=1")
 @pytest.mark.parametrize("lazy", [False, True])
 @pytest.mark.parametrize("engine_name", sorted(ENGINES))
-def test_marian_sized_model_equals_single_generate(lazy, engine_name):
+def test_marian_sized_model_equals_single_generate(lazy, engine_name, monkeypatch):
     """opus-mt's shape (6+6 layers, d_model 512, vocabulary 58,101) with random weights, as bench/ builds it:
     joins at random steps, per-sentence lengths as in the benchmark (min_new_tokens == max_new_tokens)."""
     from bench.peers.models import build_marian_sized
     from deployments.backends.transformers_backend import TransformersBackend
     from tests.fixtures.sentences import make_texts, sample_lengths
 
+    _rows_always(engine_name, monkeypatch)
     folder = build_marian_sized()  # .bench-models/, built once
     backend = TransformersBackend(str(folder), device="cpu", local_files_only=True, max_new_tokens=64)
     rng = random.Random(11)

@@ -197,6 +197,7 @@ def test_translator_continuous_path(continuous_translator, marian_backend, loop)
     info = replica.info()
     assert info["details"]["scheduling"] == "continuous"
     assert info["details"]["continuous"]["max_running_sequences"] == 4
+    assert info["details"]["continuous"]["row_attention"] is True  # a CPU replica (row_attention.py)
 
 
 def test_translator_cancelled_call_is_dropped(continuous_translator, loop):
