@@ -134,6 +134,7 @@ class BatchCaches:
         self.self_layers = [GrowingLayer() for _ in range(layers)]
         self.cross = [(RowBuffer(), RowBuffer()) for _ in range(layers)]
         self.source_mask: Optional[torch.Tensor] = None
+        self.source_lengths: list[int] = []  # each row's source tokens (its mask's ones), on the host
 
     @property
     def self_columns(self) -> int:
@@ -155,6 +156,7 @@ class BatchCaches:
         width = max(self.source_columns, int(mask.shape[1]))
         pad = lambda m: m if m.shape[1] == width else F.pad(m, (0, width - m.shape[1]))  # noqa: E731
         self.source_mask = mask if self.source_mask is None else torch.cat([pad(self.source_mask), pad(mask)])
+        self.source_lengths += mask.sum(dim=1).tolist()
         if self.self_layers[0].is_initialized:  # the layers are stepped together: all or none hold columns
             for layer in self.self_layers:
                 layer.key_rows.append_empty_rows(len(mask))
@@ -165,12 +167,9 @@ class BatchCaches:
         """Keep rows `keep` (ascending, not empty): the last kept rows move into the first rows that leave.
         Self-attention keeps its last `columns` columns; cross-attention the source columns a kept row uses.
         Returns each row's former index."""
-        rows, kept = len(keep), set(keep)
-        holes = [i for i in range(rows) if i not in kept]
-        movers = [i for i in keep if i >= rows]
-        order = list(range(rows))
-        for hole, mover in zip(holes, movers):
-            order[hole] = mover
+        rows = len(keep)
+        holes, movers, order = leave_moves(keep)
+        self.source_lengths = [self.source_lengths[i] for i in order]
         mask = self.source_mask.index_select(0, torch.tensor(order, device=self.source_mask.device))
         used = mask.any(dim=0).nonzero()
         width = int(used.max()) + 1 if used.numel() else 0
@@ -184,6 +183,18 @@ class BatchCaches:
                 layer.value_rows.keep(rows, holes, movers, columns, left=True)
                 layer.refresh()
         return order
+
+
+def leave_moves(keep: Sequence[int]) -> tuple[list[int], list[int], list[int]]:
+    """For rows `keep` (ascending) staying: the rows below len(keep) that leave (holes), the kept rows at or above
+    it that move into them (movers, in the same order), and each of the len(keep) rows' former index."""
+    rows, kept = len(keep), set(keep)
+    holes = [i for i in range(rows) if i not in kept]
+    movers = [i for i in keep if i >= rows]
+    order = list(range(rows))
+    for hole, mover in zip(holes, movers):
+        order[hole] = mover
+    return holes, movers, order
 
 
 def length_groups(requests: Sequence, padding: float = ENCODER_PADDING) -> list[list]:
@@ -203,4 +214,4 @@ def length_groups(requests: Sequence, padding: float = ENCODER_PADDING) -> list[
     return groups
 
 
-__all__ = ["BatchCaches", "ENCODER_PADDING", "GrowingLayer", "length_groups", "RowBuffer", "SPARE_COLUMNS", "SPARE_ROWS"]
+__all__ = ["BatchCaches", "ENCODER_PADDING", "GrowingLayer", "leave_moves", "length_groups", "RowBuffer", "SPARE_COLUMNS", "SPARE_ROWS"]

@@ -223,7 +223,7 @@ class ContinuousDecoder:
                                     past_key_values=self_cache)
         cross_mask = create_bidirectional_mask(config=self.config, inputs_embeds=hidden,
                                                attention_mask=self._cache.source_mask, encoder_hidden_states=enc_states)
-        spans = {"row_spans": RowSpans(tuple(len(r.ids) for r in rows), tuple(self._cache.source_mask.sum(dim=1).tolist()),
+        spans = {"row_spans": RowSpans(tuple(len(r.ids) for r in rows), tuple(self._cache.source_lengths),
                                        self._cross_modules)} if self._cross_modules else {}
         for layer in self.decoder.layers:
             hidden = layer(hidden, causal, enc_states, encoder_attention_mask=cross_mask,

@@ -139,9 +139,9 @@ class ScreenedHead:
         ban(screened)
         whole = screened.shape[1] // SCREEN_BLOCK * SCREEN_BLOCK
         blocks = screened[:, :whole].unflatten(1, (-1, SCREEN_BLOCK)).amax(dim=2)  # (rows, blocks): each one's best
-        bests = ([blocks.amax(dim=1)] if whole else []) + (  # the tokens after the last whole block: always looked at
-            [screened[:, whole:].amax(dim=1)] if whole < screened.shape[1] else [])
-        best = bests[0] if len(bests) == 1 else torch.maximum(*bests)
+        best = blocks.amax(dim=1) if whole else screened.new_full(screened.shape[:1], -math.inf)
+        if whole < screened.shape[1]:  # the tokens after the last whole block: always looked at
+            best = torch.maximum(best, screened[:, whole:].amax(dim=1))
         floor = best - 2 * error  # a token below it cannot be the best
         hot = blocks >= floor[:, None]  # blocks holding a token within the bound
         if bool(torch.isfinite(error).all()) and bool((hot.sum(dim=1) <= SCREEN_TOP).all()):

@@ -8,7 +8,7 @@ import random
 import torch
 
 from deployments.backends.batch_cache import (SPARE_COLUMNS, SPARE_ROWS, BatchCaches, GrowingLayer, RowBuffer,
-                                              length_groups)
+                                              leave_moves, length_groups)
 from deployments.backends.continuous_decoder import ContinuousDecoder, DecodeRequest
 
 
@@ -66,11 +66,7 @@ def test_joins_and_leaves_equal_padding_and_selecting_the_rows():
             own_ref.rows = [torch.cat([r, c], dim=1) for r, c in zip(own_ref.rows, column)]
         keep = sorted(rng.sample(range(len(cross_ref.rows)), rng.randint(1, len(cross_ref.rows))))
         rows = len(keep)
-        holes = [i for i in range(rows) if i not in keep]
-        movers = [i for i in keep if i >= rows]
-        order = list(range(rows))
-        for hole, mover in zip(holes, movers):
-            order[hole] = mover
+        holes, movers, order = leave_moves(keep)
         cross_ref.rows, own_ref.rows = [cross_ref.rows[i] for i in order], [own_ref.rows[i] for i in order]
         source = max(r.shape[1] for r in cross_ref.rows)
         columns = max((r.shape[1] for r in own_ref.rows), default=0)
@@ -88,6 +84,7 @@ def test_a_leave_moves_only_the_last_rows_into_the_holes():
     buffer.keep(4, holes=[1, 2], movers=[4, 5], columns=2, left=False)  # rows 1 and 2 leave
     assert buffer.buffer.data_ptr() == before  # no new buffer
     assert buffer.tensor[:, 0, 0, 0].tolist() == [0.0, 4.0, 5.0, 3.0]
+    assert leave_moves([0, 3, 4, 5]) == ([1, 2], [4, 5], [0, 4, 5, 3])  # the plan BatchCaches.keep follows
 
 
 def test_the_decoder_steps_joins_and_leaves_without_copying_its_cache(marian_backend):
@@ -104,6 +101,7 @@ def test_the_decoder_steps_joins_and_leaves_without_copying_its_cache(marian_bac
     assert [layer.key_rows.buffer.data_ptr() for layer in cache.self_layers] + [
         k.buffer.data_ptr() for k, _ in cache.cross] == buffers
     assert decoder._self_columns() == 6
+    assert cache.source_lengths == cache.source_mask.sum(dim=1).tolist()  # the host's copy follows the rows
 
 
 def test_joiners_are_encoded_in_groups_of_similar_length():
