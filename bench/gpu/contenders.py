@@ -82,14 +82,19 @@ class ContinuousEngine:
     def __init__(self, backend, batch: int, join_interval_steps: int = 1, cuda_graphs: bool = True):
         from deployments.continuous_batching import ContinuousScheduler
 
-        self.steps: list = []
+        self.backend, self.steps = backend, []  # every StepOutcome
+        self.stamps: list[float] = []  # when each of `steps` ended (perf_counter)
         began = time.perf_counter()
         self.scheduler = ContinuousScheduler(backend, max_running_sequences=batch, max_cached_tokens=None,
                                              max_new_tokens=200, join_interval_steps=join_interval_steps,
-                                             cuda_graphs=cuda_graphs, on_step=self.steps.append)
+                                             cuda_graphs=cuda_graphs, on_step=self._record)
         self.scheduler.limits = lambda text, ids: (backend.lengths[text], backend.lengths[text])
         self.warm_up_s = round(time.perf_counter() - began, 2)  # the scheduler warms its decoder up
         self.warm_up_captures = getattr(self.scheduler.decoder, "captures", None)
+
+    def _record(self, outcome) -> None:
+        self.steps.append(outcome)
+        self.stamps.append(time.perf_counter())
 
     async def close(self) -> None:
         self.scheduler.shutdown()
@@ -109,6 +114,19 @@ class ContinuousEngine:
                 "mean_running": round(statistics.mean(o.running for o in ok), 1), "steps_with_joins": len(joined),
                 "step_ms_p50_without_joins": round(1000 * pct(plain, 0.5), 2) if plain else None,
                 "step_ms_p50_with_joins": round(1000 * pct(joined, 0.5), 2) if joined else None}
+
+
+def life_of(stamps: list[float], outcomes: list, start: float, end: float) -> dict:
+    """What the decoding thread did between `start` and `end` (one request's life): its steps, those that
+    took sentences in (their encoder passes included) and the plain ones. `stamps`: when each outcome's step
+    ended; a step counts if it began inside, so a request's own steps all count (it is answered after them)."""
+    life = [o for t, o in zip(stamps, outcomes) if start <= t - o.seconds < end and o.running and not o.failed]
+    plain = [o.seconds for o in life if not o.joined]
+    joins = [o.seconds for o in life if o.joined]
+    return {"steps": len(life), "steps_s": round(sum(o.seconds for o in life), 3),
+            "join_steps": len(joins), "join_steps_s": round(sum(joins), 3),
+            "plain_step_ms_p50": round(1000 * pct(plain, 0.5), 2) if plain else None,
+            "mean_running": round(statistics.mean(o.running for o in life), 1) if life else 0}
 
 
 class NaiveEngine:

@@ -38,7 +38,8 @@ import time
 from pathlib import Path
 
 from bench.gpu.common import SOURCE, TARGET, pct, say
-from bench.gpu.contenders import BentoMLEngine, ContinuousEngine, MLPoolEngine, NaiveEngine, StaticEngine, StreamerEngine
+from bench.gpu.contenders import (BentoMLEngine, ContinuousEngine, MLPoolEngine, NaiveEngine, StaticEngine,
+                                  StreamerEngine, life_of)
 from bench.gpu.continuous import SEED, make_backend, mix_texts, output_lengths
 from bench.gpu.report import plot_engines
 
@@ -71,12 +72,14 @@ async def open_loop(engine, texts: list[str], rate: float, seed: int, solo: dict
         at += rng.expovariate(rate)
         arrivals.append(at)
     began, latencies, ratios, mismatches, engine_ratios = time.perf_counter(), [], [], [], []
+    lives: list[tuple[float, float, str]] = []  # (latency, arrival, text)
 
     async def one(when: float, text: str):
         await asyncio.sleep(max(0.0, when - (time.perf_counter() - began)))
         out = await engine.translate(text)
         latency = time.perf_counter() - began - when
         latencies.append(latency)
+        lives.append((latency, began + when, text))
         differs(text, out, solo, mismatches)
         if text in solo:
             ratios.append(latency / solo[text][0])
@@ -89,6 +92,14 @@ async def open_loop(engine, texts: list[str], rate: float, seed: int, solo: dict
         cell["p50_over_solo"] = round(pct(ratios, 0.5), 2)
     if engine_ratios:
         cell["p50_over_solo_continuous"] = round(pct(engine_ratios, 0.5), 2)
+    if isinstance(engine, ContinuousEngine):  # where the slowest request's time went: its steps, others' joins
+        whole = life_of(engine.stamps, engine.steps, began, time.perf_counter())
+        cell["decoding_busy_fraction"] = round(whole["steps_s"] / (time.perf_counter() - began), 2)
+        latency, arrival, text = max(lives)
+        alone = solo.get(text, ())
+        cell["slowest"] = {"latency_s": round(latency, 3), "output_tokens": engine.backend.lengths.get(text),
+                           "solo_continuous_s": round(alone[2], 3) if len(alone) > 2 else None,
+                           **life_of(engine.stamps, engine.steps, arrival, arrival + latency)}
     return cell
 
 

@@ -97,7 +97,11 @@ def test_the_engine_bench_runs_its_cells_on_a_cpu(tmp_path):
         assert engines["continuous"]["saturation"]["steps"]["engine"] == "ContinuousDecoder"  # the CPU's
     # each sentence's solo time through the continuous engine too, and latencies over it
     assert report["solo_continuous_s_p50"] > 0 and report["warm_up"]["continuous"]["captured"] is None
-    assert report["length_mix"]["cells"]["continuous"]["load_0.5"]["p50_over_solo_continuous"] > 0
+    half = report["length_mix"]["cells"]["continuous"]["load_0.5"]
+    assert half["p50_over_solo_continuous"] > 0
+    # the slowest request's life: every step it waited on, its own included (one per output token, at least)
+    assert half["slowest"]["steps"] >= half["slowest"]["output_tokens"] > 0
+    assert 0 < half["decoding_busy_fraction"] <= 1
     assert (tmp_path / "engines.png").stat().st_size > 0
 
 
@@ -146,3 +150,19 @@ def test_the_engine_bench_runs_bentoml_over_http_and_stops_it(tmp_path):
     left = subprocess.run(["pgrep", "-f", f"--working-dir {root}.*LengthMix|bentoml_service:LengthMix"],
                           capture_output=True, text=True)
     assert left.stdout == "", left.stdout
+
+
+def test_a_life_counts_the_steps_that_ended_within_it_and_splits_joins_from_plain_steps():
+    from types import SimpleNamespace as Step
+
+    from bench.gpu.contenders import life_of
+
+    steps = [Step(running=2, joined=1, seconds=0.05, failed=False), Step(running=3, joined=0, seconds=0.02, failed=False),
+             Step(running=3, joined=0, seconds=0.04, failed=False), Step(running=0, joined=1, seconds=0.01, failed=True),
+             Step(running=4, joined=1, seconds=0.06, failed=False), Step(running=1, joined=0, seconds=0.02, failed=False)]
+    ends = [1.01, 2.02, 3.04, 4.01, 5.06, 6.02]  # steps began at 1, 2, 3, 4, 5, 6
+    life = life_of(ends, steps, 2.0, 5.5)  # the failed step is no step of the batch
+    assert life == {"steps": 3, "steps_s": 0.12, "join_steps": 1, "join_steps_s": 0.06, "plain_step_ms_p50": 30.0,
+                    "mean_running": 3.3}
+    assert life_of([2.04], steps[:1], 2.0, 3.0) == {"steps": 0, "steps_s": 0, "join_steps": 0, "join_steps_s": 0,
+                                                   "plain_step_ms_p50": None, "mean_running": 0}
