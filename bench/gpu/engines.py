@@ -24,7 +24,10 @@ the arrival. `--streamer` adds service_streamer's ThreadedStreamer (issue 25's r
 same backend, `--mlpool` MLPool's worker process (one job per request) on its own copy of it, `--bentoml`
 BentoML's server over HTTP (its adaptive batching, batch cap `--batch`, CPU only) on another copy.
 `p50_over_solo`: the median of each request's latency over its sentence's own solo decode (`generate`);
-`p50_over_solo_continuous`: over the sentence decoded alone by the continuous engine. DIR/engines.json holds every cell.
+`p50_over_solo_continuous`: over the sentence decoded alone by the continuous engine. A continuous open-loop cell
+also gives `decoding_busy_fraction` (the decoding thread's share of the cell in steps) and `slowest`: the slowest
+request's life (the steps that began within it, those that took other sentences in, the plain steps' p50, the
+mean rows). DIR/engines.json holds every cell.
 """
 
 from __future__ import annotations
