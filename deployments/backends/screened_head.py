@@ -111,7 +111,7 @@ class ScreenedHead:
                 if bias is not None:
                     full = full + bias.reshape(1, -1)
                 some = torch.randperm(self.weight.shape[0], generator=generator)[:3].sort().values
-                if not torch.equal(self._exact(hidden, some), full.index_select(1, some)):
+                if not torch.equal(self.exact(hidden, some), full.index_select(1, some)):
                     return False
                 chosen = self.argmax(hidden, lambda scores: scores)
                 if chosen is not None and not torch.equal(chosen, full.argmax(dim=-1)):
@@ -119,7 +119,7 @@ class ScreenedHead:
         self.screened_steps = self.full_steps = 0
         return True
 
-    def _exact(self, hidden: torch.Tensor, ids: torch.Tensor, bias: bool = True) -> torch.Tensor:
+    def exact(self, hidden: torch.Tensor, ids: torch.Tensor, bias: bool = True) -> torch.Tensor:
         """The float32 logits of tokens `ids` for every row, as the full layer computes them (plus the bias)."""
         count = len(ids)
         padded = -(-count // EXACT_ROWS_MULTIPLE) * EXACT_ROWS_MULTIPLE
@@ -164,7 +164,7 @@ class ScreenedHead:
         ids, own = found
         # a row weighs only its own candidates (another row's may be banned here); sorted ids: the first of
         # equal maxima is the lowest id, as argmax over the vocabulary picks
-        return ids[self._exact(hidden, ids).masked_fill_(~own, -math.inf).argmax(dim=1)]
+        return ids[self.exact(hidden, ids).masked_fill_(~own, -math.inf).argmax(dim=1)]
 
 
 class ScreenedLogits(nn.Module):
@@ -188,7 +188,7 @@ class ScreenedLogits(nn.Module):
             return self.head(hidden)
         ids = torch.cat([found[0], self.eos])
         logits = hidden.new_full((hidden.shape[0], 1, self.screen.weight.shape[0]), -math.inf)
-        logits[:, 0, ids] = self.screen._exact(hidden[:, 0], ids, bias=False)
+        logits[:, 0, ids] = self.screen.exact(hidden[:, 0], ids, bias=False)
         return logits
 
 

@@ -107,8 +107,9 @@ def test_a_flat_or_broken_step_falls_back_to_the_full_layer():
 
 
 def test_a_probe_that_disagrees_keeps_the_full_layer(monkeypatch, caplog):
-    exact = ScreenedHead._exact
-    monkeypatch.setattr(ScreenedHead, "_exact", lambda self, hidden, ids: exact(self, hidden, ids) * (1 + 1e-6))
+    exact = ScreenedHead.exact
+    monkeypatch.setattr(ScreenedHead, "exact",
+                        lambda self, hidden, ids, bias=True: exact(self, hidden, ids, bias) * (1 + 1e-6))
     with caplog.at_level(logging.WARNING, logger=screened_head.__name__):
         assert ScreenedHead.for_model(_Model()) is None
     assert "disagrees" in caplog.text
