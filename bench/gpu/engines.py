@@ -74,14 +74,13 @@ async def open_loop(engine, texts: list[str], rate: float, seed: int, solo: dict
     for _ in texts:
         at += rng.expovariate(rate)
         arrivals.append(at)
-    began, latencies, ratios, mismatches, engine_ratios = time.perf_counter(), [], [], [], []
+    began, ratios, mismatches, engine_ratios = time.perf_counter(), [], [], []
     lives: list[tuple[float, float, str]] = []  # (latency, arrival, text)
 
     async def one(when: float, text: str):
         await asyncio.sleep(max(0.0, when - (time.perf_counter() - began)))
         out = await engine.translate(text)
         latency = time.perf_counter() - began - when
-        latencies.append(latency)
         lives.append((latency, began + when, text))
         differs(text, out, solo, mismatches)
         if text in solo:
@@ -89,6 +88,7 @@ async def open_loop(engine, texts: list[str], rate: float, seed: int, solo: dict
             if len(solo[text]) > 2:
                 engine_ratios.append(latency / solo[text][2])
     await asyncio.gather(*(one(when, text) for when, text in zip(arrivals, texts)))
+    ended, latencies = time.perf_counter(), [latency for latency, _, _ in lives]
     cell = {"offered_per_s": round(rate, 2), "p50_s": round(pct(latencies, 0.5), 3),
             "p99_s": round(pct(latencies, 0.99), 3), "requests": len(texts), "differing_from_solo": sum(mismatches)}
     if ratios:
@@ -96,8 +96,8 @@ async def open_loop(engine, texts: list[str], rate: float, seed: int, solo: dict
     if engine_ratios:
         cell["p50_over_solo_continuous"] = round(pct(engine_ratios, 0.5), 2)
     if isinstance(engine, ContinuousEngine):  # where the slowest request's time went: its steps, others' joins
-        whole = life_of(engine.stamps, engine.steps, began, time.perf_counter())
-        cell["decoding_busy_fraction"] = round(whole["steps_s"] / (time.perf_counter() - began), 2)
+        whole = life_of(engine.stamps, engine.steps, began, ended)
+        cell["decoding_busy_fraction"] = round(whole["steps_s"] / (ended - began), 2)
         latency, arrival, text = max(lives)
         alone = solo.get(text, ())
         cell["slowest"] = {"latency_s": round(latency, 3), "output_tokens": engine.backend.lengths.get(text),
