@@ -70,6 +70,10 @@ class _Row:
 class ContinuousDecoder:
     """A running batch of greedy decodes over one seq2seq model (see the module docstring)."""
 
+    #: whether a step on a CPU uses the screened output projection and the row attention (a subclass with a
+    #: step of its own, SlotDecoder, sets False: it would hold the bfloat16 head's copy and reroute attention unused)
+    cpu_step_paths = True
+
     def __init__(self, model, pad: Callable[[list[list[int]]], tuple[torch.Tensor, torch.Tensor]]):
         """`pad(rows)`: token id lists -> (input_ids, attention_mask), padded as the tokenizer pads."""
         model_type = getattr(model.config, "model_type", None)
@@ -94,10 +98,11 @@ class ContinuousDecoder:
                        "bad_t": torch.tensor(self.bad_ids, **long) if self.bad_ids else None,
                        "forced_eos": self.forced_eos}
         #: the output projection screened in bfloat16 (CPU, float32, blocked weights; screened_head.py) or None
-        self.screen = ScreenedHead.for_model(model) if self.device.type == "cpu" else None
+        on_cpu = self.device.type == "cpu" and self.cpu_step_paths
+        self.screen = ScreenedHead.for_model(model) if on_cpu else None
         self._head = model.get_output_embeddings()  # the full layer, whatever greedy `generate` swaps in meanwhile
         #: the cross-attention modules' ids where a step's attention may go row by row (CPU; row_attention.py)
-        self._cross_modules = use_row_attention(self.decoder) if self.device.type == "cpu" else frozenset()
+        self._cross_modules = use_row_attention(self.decoder) if on_cpu else frozenset()
         self._reset()
 
     # ------------------------------------------------------------------ state

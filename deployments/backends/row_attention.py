@@ -65,7 +65,8 @@ def use_row_attention(decoder) -> frozenset:
     if any(m.config._attn_implementation not in ("sdpa", ROW_ATTENTION) for m in modules):
         return frozenset()
     AttentionInterface.register(ROW_ATTENTION, row_attention)
-    config = copy.copy(modules[0].config)
+    # a deep copy: the setter also sets the config's sub-configs, which a shallow copy would share with the model
+    config = copy.deepcopy(modules[0].config)
     config._attn_implementation = ROW_ATTENTION
     for module in modules:
         module.config = config

@@ -50,7 +50,7 @@ class SlotDecoder(ContinuousDecoder):
     #: self-attention columns and source columns allocated at first; both grow by doubling
     initial_columns, initial_source = 128, 64
     #: fewest rows a step runs (buckets of rows are powers of two from here: fewer graphs to capture)
-    smallest_rows = 8
+    smallest_rows, cpu_step_paths = 8, False  # the step is its own: no screened head, no row attention
 
     def __init__(self, model, pad, slots: int, graphs: Optional[bool] = None):
         super().__init__(model, pad)

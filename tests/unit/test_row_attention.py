@@ -71,3 +71,33 @@ def test_the_decoder_routes_only_its_own_attention(marian_backend, monkeypatch):
     calls.clear()
     decoder.step()
     assert calls and set(calls) == {1} and len(calls) == 2 * 2 * len(layers)  # rows x (self, cross) x layers
+
+
+def test_the_model_and_its_sub_configs_keep_their_attention():
+    """The decoder's modules get a config of their own: setting its attention also sets its sub-configs, and
+    a shallow copy would share those with the model's config."""
+    from types import SimpleNamespace
+
+    from transformers import PretrainedConfig
+
+    class WithSub(PretrainedConfig):
+        sub_configs = {"extra": PretrainedConfig}
+
+    config = WithSub()
+    config.extra = PretrainedConfig()
+    config._attn_implementation = "sdpa"
+    layers = [SimpleNamespace(self_attn=SimpleNamespace(config=config), encoder_attn=SimpleNamespace(config=config))]
+    cross = row_attention.use_row_attention(SimpleNamespace(layers=layers))
+    assert cross == frozenset({id(layers[0].encoder_attn)})
+    assert layers[0].self_attn.config._attn_implementation == ROW_ATTENTION
+    assert config._attn_implementation == "sdpa" and config.extra._attn_implementation == "sdpa"
+
+
+def test_slot_decoding_leaves_the_cpu_step_paths_alone(make_backend, tiny_marian_dir):
+    from deployments.backends.slot_decoder import SlotDecoder
+
+    backend = make_backend(tiny_marian_dir)
+    decoder = SlotDecoder(backend.model, backend._pad, slots=4, graphs=False)
+    assert decoder.screen is None and not decoder.row_attention
+    assert all(m.config._attn_implementation == "sdpa" for layer in backend.model.get_decoder().layers
+               for m in (layer.self_attn, layer.encoder_attn))
