@@ -17,6 +17,7 @@ caller in it has gone. An error reaches every caller of the call.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 from collections import deque
 from typing import Any, Awaitable, Callable, Hashable, Optional, Sequence
@@ -99,7 +100,10 @@ class CallCoalescer:
             if not call.waiters:
                 continue  # every caller left before it went out
             self.inflight += 1
-            call.task = asyncio.get_running_loop().create_task(self._run(call))
+            # A context of its own: a call shares no caller's. Serve records a handle call under the
+            # request in whose context it is made and cancels it with that request, which would fail
+            # every other caller in the call when that one client disconnects.
+            call.task = asyncio.get_running_loop().create_task(self._run(call), context=contextvars.Context())
             # A callback, not a `finally` in _run: a task cancelled before it started never runs it.
             call.task.add_done_callback(functools.partial(self._call_done, call))
 

@@ -64,7 +64,7 @@ class HandleClient:
 
     async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
-        from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
+        from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, RequestCancelledError
 
         attempt = 0
         while True:
@@ -98,6 +98,11 @@ class HandleClient:
             except DeploymentUnavailableError:
                 raise ModelUnavailable(
                     f"{self.name} has no replica able to serve.", retry_after_s=self._retry_after_s
+                ) from None
+            except RequestCancelledError:  # Serve cancelled the call, not our caller (who gets CancelledError)
+                raise ModelUnavailable(
+                    f"{self.name} call was cancelled by Serve; retry after {self._retry_after_s} s.",
+                    retry_after_s=self._retry_after_s,
                 ) from None
             except (ActorDiedError, ActorUnavailableError, RayActorError) as exc:
                 self._signal_replica_failure()

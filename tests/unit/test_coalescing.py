@@ -191,3 +191,30 @@ def test_concurrent_translation_requests_share_calls_and_each_gets_its_own_recor
     assert translator.max_in_flight <= 2
     assert len(compute_calls) < 24 / 2  # shared: 24 one-record requests, far fewer calls
     assert max(len(c.texts) for c in compute_calls) == service.limits.records_per_call
+
+
+def test_a_call_carries_no_callers_request_context(loop):
+    """Serve records a handle call under the request in whose context it is made, and cancels it when that
+    request is cancelled (its client gone): a call shared by several callers must belong to none of them."""
+    from ray.serve.context import _RequestContext, _serve_request_context
+
+    seen = []
+
+    async def send(key, records):
+        seen.append((_serve_request_context.get(), list(records)))
+        await asyncio.sleep(0.01)
+        return list(records)
+
+    async def caller(calls, request_id, records):
+        _serve_request_context.set(_RequestContext(request_id=request_id, _internal_request_id=request_id))
+        return await calls.submit("k", records)
+
+    async def scenario():
+        calls = CallCoalescer(send, lambda result, a, b: result[a:b], max_records=8, max_inflight_calls=1)
+        first = asyncio.ensure_future(caller(calls, "A", ["a1"]))
+        await until(lambda: len(seen) == 1)
+        return await asyncio.gather(first, caller(calls, "B", ["b1"]), caller(calls, "C", ["c1"]))
+
+    assert loop.run_until_complete(scenario()) == [["a1"], ["b1"], ["c1"]]
+    assert [records for _, records in seen] == [["a1"], ["b1", "c1"]]
+    assert [context for context, _ in seen] == [None, None]

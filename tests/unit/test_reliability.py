@@ -262,6 +262,15 @@ def test_second_death_is_503_with_retry_after():
     assert info.value.retry_after_s == 3 and info.value.status_code == 503
 
 
+def test_a_call_serve_cancelled_under_a_live_caller_is_503_with_retry_after():
+    from ray.serve.exceptions import RequestCancelledError
+
+    client = HandleClient("Translator", _Handle([RequestCancelledError("r1")]), retry_after_s=3)
+    with pytest.raises(ModelUnavailable) as info:
+        asyncio.run(client.call("translate", "x"))
+    assert info.value.retry_after_s == 3 and info.value.status_code == 503
+
+
 def test_retry_waits_bounded_time_then_503():
     handle = _Handle([_died(), 30.0])
     client = HandleClient("Translator", handle, retry_timeout_s=0.1)
