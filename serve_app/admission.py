@@ -43,16 +43,23 @@ class DrainState:
                 return
         self.in_flight -= 1
 
+    def _refuse_waiting(self) -> None:
+        while self.waiting:
+            waiter = self.waiting.popleft()
+            if not waiter.done():
+                waiter.set_result(False)
+
     async def drain(self, timeout_s: float, poll_s: float = 0.05) -> dict:
         """Refuse new model requests (503 shutting_down) and wait for admitted ones to finish."""
         import asyncio
         import time
 
         self.draining = True
-        while self.waiting:  # the waiting room is refused at once (503 shutting_down)
-            waiter = self.waiting.popleft()
-            if not waiter.done():
-                waiter.set_result(False)
+        try:  # the waiting room is refused at once (503 shutting_down), on the waiters' own loop: the
+            # launcher's drain runs this on a thread of its own (drain_signal.py)
+            self.waiting[0].get_loop().call_soon_threadsafe(self._refuse_waiting)
+        except IndexError:
+            pass  # nobody waits
         start = time.monotonic()
         at_start = self.in_flight
         while self.in_flight > 0 and time.monotonic() - start < timeout_s:
@@ -62,6 +69,14 @@ class DrainState:
 
 
 DRAIN = DrainState()
+
+
+def _leave(waiter: asyncio.Future) -> None:
+    """A waiter that gave up leaves the waiting room at once (else its place counts until a release)."""
+    try:
+        DRAIN.waiting.remove(waiter)
+    except ValueError:
+        pass  # release() or drain() took it out already
 
 #: The routes admission control governs (model work): these exact paths, and paths under these prefixes
 #: (`/models/<name>/predict`). serve_app/proxy_shedding.py gives HAProxy the same list.
@@ -173,8 +188,10 @@ class AdmissionControl:
         except BaseException:  # the request's task was cancelled (client gone, shutdown)
             if not waiter.cancel() and waiter.result():
                 DRAIN.release()  # it had just been handed a slot: pass it on
+            _leave(waiter)
             raise
-        if waiter.cancel():  # the wait ran out; release() skips a cancelled waiter
+        if waiter.cancel():  # the wait ran out: its place goes to the next request
+            _leave(waiter)
             return False
         return waiter.result()
 

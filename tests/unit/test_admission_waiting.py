@@ -4,6 +4,7 @@ runs out is 503 + Retry-After, and a drain refuses the room at once."""
 
 import asyncio
 import threading
+import time
 
 from serve_app.admission import DRAIN
 
@@ -62,8 +63,7 @@ def test_a_drain_refuses_the_waiting_room_at_once():
         waiter = loop.create_future()
         DRAIN.waiting.append(waiter)
         drained = asyncio.ensure_future(DRAIN.drain(timeout_s=0.2, poll_s=0.01))
-        await asyncio.sleep(0)
-        assert waiter.result() is False  # refused before the drain's wait
+        assert await asyncio.wait_for(waiter, 1) is False and not drained.done()  # refused before the wait
         DRAIN.release()  # the admitted request finishes: its slot is not handed on while draining
         await drained
         assert DRAIN.in_flight == 0 and not DRAIN.waiting
@@ -71,3 +71,64 @@ def test_a_drain_refuses_the_waiting_room_at_once():
         asyncio.run(scenario())
     finally:
         DRAIN.in_flight, DRAIN.draining = 0, False
+
+
+def test_a_drain_from_another_thread_refuses_the_waiting_room_on_its_loop():
+    """The launcher's drain runs on a thread of its own (drain_signal.py): a waiter is still refused at
+    once, not when its own wait runs out."""
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        DRAIN.in_flight, DRAIN.draining = 1, False
+        waiter = loop.create_future()
+        DRAIN.waiting.append(waiter)
+        def drain_later():
+            time.sleep(0.1)  # this loop is asleep in its selector by then
+            asyncio.run(DRAIN.drain(timeout_s=0.5, poll_s=0.01))
+
+        drainer = threading.Thread(target=drain_later)
+        start = time.monotonic()
+        drainer.start()
+        try:
+            assert await asyncio.wait_for(waiter, 3) is False
+            assert time.monotonic() - start < 1.5  # woken by the refusal, not by the 3 s timer
+        finally:
+            DRAIN.in_flight = 0
+            await asyncio.to_thread(drainer.join)
+        assert not DRAIN.waiting
+    try:
+        asyncio.run(scenario())
+    finally:
+        DRAIN.in_flight, DRAIN.draining = 0, False
+
+
+def test_a_waiter_that_left_frees_its_place_in_the_waiting_room():
+    """A request whose client left while it waited gives its place up at once, not at the next release."""
+    import httpx
+
+    from serve_app.api import app
+
+    class Slow(FakeTranslator):
+        async def call(self, method, *args, **kwargs):
+            if method == "translate" and args[0].texts == ["slow"]:
+                await asyncio.sleep(1.0)
+            return await super().call(method, *args, **kwargs)
+
+    install(Slow(), ingress={"max_inflight_requests": 1, "max_waiting_requests": 1, "max_wait_s": 5.0},
+            cache={"enabled": False})
+
+    async def scenario():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+            slow = asyncio.create_task(c.post("/translation", json=body([{"id": "1", "text": "slow"}])))
+            while not DRAIN.in_flight:
+                await asyncio.sleep(0.01)
+            gone = asyncio.create_task(c.post("/translation", json=body([{"id": "1", "text": "gone"}])))
+            while not DRAIN.waiting:
+                await asyncio.sleep(0.01)
+            gone.cancel()  # its client disconnects while it waits
+            await asyncio.gather(gone, return_exceptions=True)
+            late = await c.post("/translation", json=body([{"id": "1", "text": "late"}]))
+            await slow
+            return late.status_code
+
+    assert asyncio.run(scenario()) == 200  # it waited in the place the gone one left, not a 503 at once
+    assert DRAIN.in_flight == 0 and not DRAIN.waiting
