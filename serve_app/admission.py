@@ -16,6 +16,7 @@ from collections import deque
 from typing import Callable, Optional
 
 from .errors import Overloaded, ShuttingDown
+from .observability import route_path
 
 
 class DrainState:
@@ -139,7 +140,7 @@ class AdmissionControl:
         return DRAIN.in_flight
 
     async def __call__(self, scope, receive, send):
-        path = scope.get("path") or ""
+        path = route_path(scope) if scope["type"] == "http" else ""
         if scope["type"] != "http" or (path not in self.paths and not path.startswith(self.prefixes)):
             return await self.app(scope, receive, send)
         retry = self.retry_after_s()

@@ -181,5 +181,13 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        logger.error("unhandled error on %s %s: %s", request.method, request.url.path, describe_exception(exc))
-        return InternalError("Internal error; it has been logged.").to_response(request.scope)
+        return unexpected_error(request.scope, exc)
+
+
+def unexpected_error(scope: dict, exc: BaseException) -> JSONResponse:
+    """An error no handler maps: logged without its message (it may quote the request), answered 500.
+
+    The ingress's outermost middleware answers with it too (middleware.RequestObserver): Starlette's
+    handler for `Exception` re-raises after answering, and Serve then logs the exception with its message."""
+    logger.error("unhandled error on %s %s: %s", scope.get("method"), scope.get("path"), describe_exception(exc))
+    return InternalError("Internal error; it has been logged.").to_response(scope)

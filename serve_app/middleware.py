@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from .admission import DRAIN, AdmissionControl, DrainState  # noqa: F401  (re-exported: one DRAIN per process)
 from .auth import REQUEST_KEY_ID, KeySet
-from .errors import ERROR_TYPE_SCOPE_KEY, Forbidden, PayloadTooLarge, Unauthorized
+from .errors import ERROR_TYPE_SCOPE_KEY, Forbidden, PayloadTooLarge, Unauthorized, unexpected_error
+from .observability import route_path
 
 if TYPE_CHECKING:  # pragma: no cover
     from .observability import RequestRecorder
@@ -130,7 +131,7 @@ class ApiKeyAuth:
         presented = presented_key(scope) if keys else None
         # Open paths with a valid key still learn who calls (/readyz then shows details).
         ident = keys.identify(presented) if presented is not None else None
-        if ident is not None or scope.get("path") in self.open_paths or scope["method"] == "OPTIONS" or not keys:
+        if ident is not None or route_path(scope) in self.open_paths or scope["method"] == "OPTIONS" or not keys:
             return await self._call_as(ident, scope, receive, send)
         if presented is None:
             response = Unauthorized(
@@ -199,11 +200,11 @@ class RequestObserver:
         # adds it to the response itself; only a bare app (tests, plain uvicorn) adds it here.
         proxied = _header(scope, b"x-request-id") is not None
         request_id = request_id_of(scope)
-        status = {"code": 500}
+        status = {"code": 500, "started": False}
 
         async def send_observed(message):
             if message["type"] == "http.response.start":
-                status["code"] = message["status"]
+                status["code"], status["started"] = message["status"], True
                 if not proxied:
                     message.setdefault("headers", []).append((b"x-request-id", request_id.encode("latin-1")))
             await send(message)
@@ -215,10 +216,11 @@ class RequestObserver:
             status["code"] = 499
             scope.setdefault(ERROR_TYPE_SCOPE_KEY, "client_disconnected")
             raise
-        except Exception:
-            status["code"] = 500
-            scope.setdefault(ERROR_TYPE_SCOPE_KEY, "internal_error")
-            raise
+        except Exception as exc:
+            # Answered here, not re-raised: past the app, Serve would log the exception with its message.
+            response = unexpected_error(scope, exc)
+            if not status["started"]:  # else the client sees its response cut short
+                await response(scope, receive, send_observed)
         finally:
             self.recorder.record(
                 scope, request_id=request_id, status=status["code"],

@@ -33,6 +33,15 @@ LATENCY_BOUNDARIES_S = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
 PREDICT_ROUTE = re.compile(r"^/models/[^/]+/predict$")
 
 
+def route_path(scope: dict) -> str:
+    """The request's path inside the app: Serve passes the full path with the application's
+    `route_prefix` as `root_path` (`/b/translation`, `/b`), and the app's routes are `/translation`."""
+    path, root = scope.get("path") or "", scope.get("root_path") or ""
+    if root and path.startswith(root) and path[len(root):len(root) + 1] in ("/", ""):
+        return path[len(root):] or "/"
+    return path
+
+
 def route_label(path: str) -> str:
     if PREDICT_ROUTE.match(path):
         return "/models/{name}/predict"
@@ -73,7 +82,7 @@ class RequestRecorder:
         return self._prometheus
 
     def record(self, scope: dict, *, request_id: str, status: int, seconds: float, log: bool) -> None:
-        route = route_label(scope.get("path", ""))
+        route = route_label(route_path(scope))
         error_type = scope.get(ERROR_TYPE_SCOPE_KEY)
         if error_type is None and status >= 400:
             error_type = "http_error"

@@ -220,6 +220,23 @@ def test_unexpected_errors_reach_neither_the_body_nor_the_log_with_the_request_t
     assert "4111" not in caplog.text
 
 
+def test_an_unexpected_error_is_answered_inside_the_app_not_raised_to_the_server():
+    """Past the app, Serve logs an exception with its message (which may quote the request): the ingress
+    answers it and returns, where Starlette's handler for `Exception` would answer and re-raise."""
+    from fastapi.testclient import TestClient
+
+    from serve_app.api import app, set_service
+
+    install(FakeTranslator(fail=KeyError("my card number is 4111 1111 1111 1111")))
+    try:
+        with TestClient(app, raise_server_exceptions=True) as client:
+            resp = client.post("/translation", json=BODY)
+    finally:
+        set_service(None)
+    assert resp.status_code == 500 and resp.json()["error_type"] == "internal_error"
+    assert "4111" not in resp.text and resp.headers.get("x-request-id")
+
+
 def test_exceptions_are_described_without_their_messages():
     from deployments.errors import describe_exception
 
