@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 class BatchConfig(BaseModel):
     """The `user_config` of a model deployment."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     max_batch_size: int = Field(
         ..., ge=1, le=4096,

@@ -17,9 +17,10 @@ from .model_module import MODEL_NAME_PATTERN, import_model_module
 
 
 class Section(BaseSettings):
-    """One section of the settings: unknown keys are errors, defaults are validated."""
+    """One section of the settings: unknown keys are errors, defaults are validated, and no number is
+    infinite or NaN (a timeout of `inf` is no timeout: each knob has its own way to say "off")."""
 
-    model_config = SettingsConfigDict(extra="forbid", validate_default=True)
+    model_config = SettingsConfigDict(extra="forbid", validate_default=True, allow_inf_nan=False)
 
 
 #: Where a model runs: its own deployment, or inside each Ingress replica (`args.<section>.placement`).

@@ -37,6 +37,23 @@ def _unknown(section: dict, allowed: Iterable[str], where: str) -> list[str]:
             for key in section if key not in allowed]
 
 
+def _ingress_holds(app: dict, settings, where: str) -> list[str]:
+    """The Ingress's max_ongoing_requests (Serve's default for it when its entry does not set it) must
+    exceed what its admission holds, admitted and waiting; past that, requests queue inside Serve, where
+    the ingress cannot shed them."""
+    from .settings import INGRESS_MAX_ONGOING_REQUESTS
+
+    entry = next((d for d in app.get("deployments") or [] if d.get("name") == "Ingress"), {})
+    ongoing = entry.get("max_ongoing_requests", INGRESS_MAX_ONGOING_REQUESTS)
+    ingress = settings.ingress
+    if not isinstance(ongoing, int) or ongoing > ingress.max_inflight_requests + ingress.max_waiting_requests:
+        return []
+    return [f"{where}.deployments[Ingress]: max_ongoing_requests={ongoing}"
+            f"{'' if 'max_ongoing_requests' in entry else ' (the default)'} must exceed "
+            f"args.ingress.max_inflight_requests={ingress.max_inflight_requests} + max_waiting_requests="
+            f"{ingress.max_waiting_requests}, or requests queue inside Serve where the ingress cannot shed them"]
+
+
 def check_config(config: dict[str, Any]) -> list[str]:
     """Every problem found in a Serve config (empty when it is valid)."""
     from ray.serve.config import AutoscalingConfig
@@ -84,6 +101,7 @@ def check_config(config: dict[str, Any]) -> list[str]:
         model_names = tuple(n for n in MODEL_DEPLOYMENTS + custom if n not in placed)
         if settings is not None:
             problems += _autoscaler_visibility(app, settings, model_names, where)
+            problems += _ingress_holds(app, settings, where)
         for dep in app.get("deployments") or []:
             dname = dep.get("name", "?")
             dwhere = f"{where}.deployments[{dname}]"
@@ -105,13 +123,6 @@ def check_config(config: dict[str, Any]) -> list[str]:
             if isinstance(dep.get("ray_actor_options"), dict):
                 problems += _unknown(dep["ray_actor_options"], RayActorOptionsSchema.model_fields,
                                      f"{dwhere}.ray_actor_options")
-            if (dname == "Ingress" and settings is not None and isinstance(dep.get("max_ongoing_requests"), int)
-                    and dep["max_ongoing_requests"] <= settings.ingress.max_inflight_requests):
-                problems.append(
-                    f"{dwhere}: max_ongoing_requests={dep['max_ongoing_requests']} must exceed "
-                    f"args.ingress.max_inflight_requests={settings.ingress.max_inflight_requests}, or requests "
-                    "queue inside Serve where the ingress cannot shed them"
-                )
             if dname in model_names and "user_config" in dep:
                 try:
                     batch = parse_batch_config(dep["user_config"], dname)

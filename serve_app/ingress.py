@@ -19,13 +19,10 @@ from .cache import CacheMetrics, ResponseCache
 from .model_clients import INGRESS_DEPLOYMENT
 from .placement import Handle, PlacedModels, handle_client, model_clients
 from .service import Service
-from .settings import AppSettings
+from .settings import INGRESS_MAX_ONGOING_REQUESTS, AppSettings
 
 logger = logging.getLogger("ray.serve")
 
-#: HTTP requests one ingress replica handles at once. The ingress only validates
-#: and fans out (no model), so it holds many concurrent requests cheaply.
-INGRESS_MAX_ONGOING_REQUESTS = 512
 
 
 def build_service(settings: AppSettings, placed: PlacedModels, translator: Handle, embedder: Handle,

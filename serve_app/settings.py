@@ -35,6 +35,11 @@ from .jobs.settings import JobSettings
 DEFAULT_PORT = 9527
 
 
+#: HTTP requests one ingress replica handles at once (its Serve default; a config may set its own, above
+#: what its admission holds: config_check.py). The ingress holds many concurrent requests cheaply.
+INGRESS_MAX_ONGOING_REQUESTS = 512
+
+
 class IngressSettings(Section):
     """Request limits and how requests are cut into model calls."""
 

@@ -32,6 +32,14 @@ def _deployment(config, name):
     (lambda c: c["applications"][0]["args"]["translation"].__setitem__("backend", "nope"), "args"),
     (lambda c: c["http_options"].__setitem__("prot", 1), "prot"),
     (lambda c: _deployment(c, "Ingress").__setitem__("max_ongoing_requests", 64), "must exceed"),
+    # the waiting room holds requests too: 64 admitted + 400 waiting need more than 100 ongoing
+    (lambda c: (_deployment(c, "Ingress").__setitem__("max_ongoing_requests", 100),
+                c["applications"][0]["args"]["ingress"].update(max_inflight_requests=64, max_waiting_requests=400)),
+     "max_ongoing_requests=100 must exceed args.ingress.max_inflight_requests=64 + max_waiting_requests=400"),
+    # without its own max_ongoing_requests the Ingress has Serve's default for it, 512
+    (lambda c: (_deployment(c, "Ingress").pop("max_ongoing_requests", None),
+                c["applications"][0]["args"]["ingress"].update(max_inflight_requests=2000)),
+     "max_ongoing_requests=512 (the default) must exceed"),
     (lambda c: _deployment(c, "Ingress")["backpressure_config"].__setitem__("retry_after", 1), "retry_after"),
     # 8 shared calls in flight cannot show the autoscaler 2 Translators x 8 ongoing calls
     (lambda c: c["applications"][0]["args"]["ingress"].__setitem__("max_inflight_calls_per_model", 8),

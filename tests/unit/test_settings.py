@@ -29,6 +29,9 @@ def test_dotted_cli_keys_are_nested():
     ({"translaton": {}}, "translaton"),
     ({"ingress": {"max_records_per_request": 0}}, "max_records_per_request"),
     ({"translation": {"backend": "transformers"}}, "needs translation.model"),
+    ({"ingress": {"max_wait_s": float("inf")}}, "max_wait_s"),  # waiters would wait forever
+    ({"ingress": {"model_timeout_s": float("nan")}}, "model_timeout_s"),
+    ({"jobs": {"job_timeout_s": float("inf")}}, "job_timeout_s"),
 ])
 def test_bad_settings_fail_at_configuration_time_quoting_the_key(args, bad):
     with pytest.raises(ValidationError, match=bad):
@@ -38,3 +41,16 @@ def test_bad_settings_fail_at_configuration_time_quoting_the_key(args, bad):
 def test_settings_round_trip_through_model_dump():
     s = load_settings({"translation": {"max_new_tokens": 12}})
     assert AppSettings.model_validate(s.model_dump()) == s
+
+
+def test_an_infinite_wait_from_the_environment_is_refused(monkeypatch):
+    monkeypatch.setenv("SERVE_APP_INGRESS_MAX_WAIT_S", "inf")
+    with pytest.raises(ValidationError, match="finite"):
+        load_settings(None)
+
+
+def test_a_deployments_batch_wait_must_be_finite():
+    from deployments.batch_config import BatchConfig
+
+    with pytest.raises(ValidationError, match="batch_wait_timeout_s"):
+        BatchConfig(max_batch_size=8, batch_wait_timeout_s=float("inf"))
