@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
 
 _LANG_PATTERN = r"^[A-Za-z]{2,3}([-_][A-Za-z0-9]{2,8})*$"
 
@@ -106,6 +106,8 @@ class EmbeddingsRequest(_Body):
         "float", description="`float` lists, or `base64` of little-endian float32 as OpenAI sends."
     )
     user: Optional[StrictStr] = None
+    dimensions: Optional[StrictInt] = Field(
+        None, ge=1, description="Optional; must equal the served model's dimensions (vectors are not shortened).")
 
     @field_validator("input")
     @classmethod

@@ -203,6 +203,11 @@ class Service:
     async def embed(self, request: EmbeddingsRequest, timeout_s: Optional[float] = None, *,
                     read_cache: bool = True, write_cache: bool = True) -> tuple[EmbeddingsResponse, Computed]:
         texts, name = self.validate_embeddings(request)
+        if request.dimensions is not None:
+            served = (await self._with_deadline(self.model_info(self.embedder), timeout_s))["dimensions"]
+            if request.dimensions != served:
+                raise UnsupportedModel(f"{name!r} gives {served} dimensions, not {request.dimensions}; "
+                                       "omit 'dimensions' or send that number.")
 
         async def compute(todo: list[str]) -> tuple[list[tuple[np.ndarray, int]], int]:
             calls = [

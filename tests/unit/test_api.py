@@ -189,10 +189,18 @@ def test_embeddings_single_string_and_base64(client):
     ({"input": "x", "model": "text-embedding-3-small"}, 400, "unsupported_model"),
     ({"input": ["x"] * 11}, 413, "payload_too_large"),
     ({"input": "y" * 101}, 413, "payload_too_large"),
+    ({"input": "x", "dimensions": 2}, 400, "unsupported_model"),  # vectors are never shortened silently
+    ({"input": "x", "dimensions": 0}, 422, "invalid_request"),
 ])
 def test_embeddings_errors(client, payload, status, error_type):
     install(ingress={"max_embedding_inputs": 10, "max_text_chars": 100})
     assert_error(client.post("/embeddings", json=payload), status, error_type)
+
+
+def test_embeddings_accepts_the_served_dimensions(client):
+    _, embedder = install()
+    resp = client.post("/v1/embeddings", json={"input": "x", "dimensions": embedder.dims})
+    assert resp.status_code == 200 and len(resp.json()["data"][0]["embedding"]) == embedder.dims
 
 
 def test_embeddings_accepts_served_model_name(client):
