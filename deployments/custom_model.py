@@ -12,7 +12,6 @@ break the model fails (500) without failing the requests that shared its batch.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from concurrent.futures import Future
@@ -22,7 +21,7 @@ from pydantic import BaseModel
 from ray import serve
 
 from .batch_config import CUSTOM_MODEL_BATCH, model_deployment_options
-from .batching import count_records, split
+from .batching import count_records
 from .errors import ModelContractError, describe_exception
 from .model_module import deployment_name, import_model_module
 from .replica import ModelReplica
@@ -59,8 +58,7 @@ class CustomModel(ModelReplica):
         `background=True` (job work) queues them behind interactive requests."""
         items = [self.module.Input.model_validate(item) for item in inputs]
         batched = self._predict_background_batch if background else self._predict_batch
-        pieces = split(items, self._size_for(batched, self.batch_config.max_batch_size))
-        results = await asyncio.gather(*(batched(piece) for piece in pieces))
+        results = await self._submit_pieces(batched, items, list)  # pieces of the live batch size
         return [out for outputs, _ in results for out in outputs], max(size for _, size in results)
 
     # Two intake queues with the same knobs (reconfigure sets both): interactive requests and job

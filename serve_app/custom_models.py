@@ -31,12 +31,14 @@ class CustomModel:
     placement: str
 
     def validate(self, inputs: list[Any]) -> list[dict]:
-        """Each input checked against the module's `Input` (422 quoting every bad field), as the
-        JSON-ready dicts sent to the replica."""
+        """Each input checked against the module's `Input` (422 quoting every bad field). The inputs
+        go to the replica as the client sent them: it builds each `Input` once, so validators that
+        convert a value run once and aliased fields keep their names."""
         items, errors = [], []
         for i, raw in enumerate(inputs):
             try:
-                items.append(self.module.Input.model_validate(raw).model_dump(mode="json"))
+                self.module.Input.model_validate(raw)
+                items.append(raw)
             except ValidationError as exc:
                 errors += [{**e, "loc": ("inputs", i, *e["loc"])} for e in exc.errors()]
         if errors:

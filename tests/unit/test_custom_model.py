@@ -26,6 +26,7 @@ from deployments.settings import CustomModelSpec
 from examples import iris_classifier as iris
 from serve_app.api import app, set_service
 from serve_app.config_check import check_config, load_config
+from serve_app.custom_models import CustomModel as IngressModel
 from serve_app.service import Service
 from serve_app.settings import load_settings
 from tests.support import SETOSA, VIRGINICA
@@ -191,6 +192,42 @@ def test_max_batch_size_is_counted_in_inputs_and_reconfigurable(echo, loop):
     assert [o["y"] for o in outputs] == [0, 10, 20, 30, 40]
     assert sorted(len(b) for b in echo.model["batches"]) == [1, 2, 2] and size == 2
     assert echo.info()["batching"]["max_batch_size"] == 2
+
+
+def test_a_call_is_cut_to_the_live_batch_size_when_the_adaptive_size_shrinks(echo, loop):
+    echo.reconfigure({"max_batch_size": 16, "batch_wait_timeout_s": 0.01, "target_p99_batch_latency_s": 0.5})
+    echo._sizer.observe(5.0, 16)  # one slow batch: the live size backs off below 16
+    assert echo.live_max_batch_size() < 14
+
+    async def go():
+        return await asyncio.gather(echo.predict([{"x": i} for i in range(14)]), echo.predict([{"x": 1}]))
+
+    (many, _), (one, _) = loop.run_until_complete(go())
+    assert [o["y"] for o in many] == [i * 10 for i in range(14)] and one == [{"y": 10}]
+    assert max(len(b) for b in echo.model["batches"]) <= echo.live_max_batch_size()
+
+
+def test_inputs_are_validated_once_where_the_model_runs(monkeypatch, loop):
+    """The ingress checks each input and sends it as the client wrote it: a converting validator runs once,
+    and aliased fields arrive under their aliases."""
+    from pydantic import Field, field_validator
+
+    class Centimetres(BaseModel):
+        length_mm: float = Field(alias="length-cm")
+
+        @field_validator("length_mm")
+        @classmethod
+        def _to_mm(cls, value: float) -> float:
+            return value * 10
+
+    name = register(monkeypatch, "byom_cm", Input=Centimetres, Output=EchoOutput, load=echo_load,
+                    predict=lambda model, inputs: [EchoOutput(y=int(i.length_mm)) for i in inputs])
+    ingress = IngressModel("cm", client=None, module=import_model_module(name), placement="deployment")
+    sent = ingress.validate([{"length-cm": 5}])
+    replica = CustomModelClass({"name": "cm", "module": name})
+    replica.reconfigure({"max_batch_size": 4, "batch_wait_timeout_s": 0.01})
+    outputs, _ = loop.run_until_complete(replica.predict(sent))
+    assert outputs == [{"y": 50}]  # 5 cm = 50 mm, converted once (500 when the ingress sent its dump)
 
 
 def test_a_call_that_breaks_the_model_fails_alone(echo, loop):
