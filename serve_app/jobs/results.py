@@ -3,7 +3,9 @@ estimated before it exists, and put back together (whole or one page) for `GET /
 
 Stored forms: a translation chunk is its records as compact JSON; an embeddings chunk is its
 vectors as float32 bytes (numpy; 1,536 bytes for a 384-dimension vector instead of ~8 KB of JSON
-floats), with its token count; a custom model's chunk is its outputs as JSON.
+floats), with its token count; a custom model's chunk is its outputs as JSON. JSON is stored as
+UTF-8 (non-ASCII text at its UTF-8 size, not as 6-byte `\\uXXXX` escapes); chunks stored with
+escapes read back the same.
 """
 
 from __future__ import annotations
@@ -56,15 +58,20 @@ def piece(task: str, body: BaseModel, start: int, stop: int) -> BaseModel:
     return body.model_copy(update={"inputs": body.inputs[start:stop]})
 
 
+def _json(value: Any) -> bytes:
+    """Compact JSON in UTF-8; a lone surrogate (valid in a JSON string, not in UTF-8) as its `\\u` escape."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "backslashreplace")
+
+
 def encode_chunk(task: str, response: BaseModel) -> tuple[dict, bytes]:
     """(meta, data) to store for one chunk's response."""
     if task == "translation":
-        return {}, json.dumps([[r.id, r.text] for r in response.result], separators=(",", ":")).encode()
+        return {}, _json([[r.id, r.text] for r in response.result])
     if task == "embeddings":
         vectors = np.asarray([d.embedding for d in response.data], dtype=np.float32)
         return ({"model": response.model, "tokens": response.usage.prompt_tokens, "dim": int(vectors.shape[1])},
                 vectors.astype("<f4").tobytes())
-    return {"model": response.model}, json.dumps(response.outputs, separators=(",", ":")).encode()
+    return {"model": response.model}, _json(response.outputs)
 
 
 def json_bytes_per_record(task: str, used_bytes: int, records: int) -> float:

@@ -13,7 +13,7 @@ from ..errors import ServeAppError
 logger = logging.getLogger("ray.serve")
 T = TypeVar("T")
 
-#: how long a running job retries a store write (Redis restarting) before it fails
+#: how long a running job retries a store call (Redis restarting) before it leaves the job to resume
 STORE_RETRY_S = 120.0
 
 
@@ -22,10 +22,19 @@ def transient(exc: BaseException) -> bool:
     return isinstance(exc, ServeAppError) and exc.status_code == 503 and exc.retry_after_s is not None
 
 
+class StoreUnreachable(Exception):
+    """A running job's store call still failed after STORE_RETRY_S: the job is left as stored
+    (queued or running), for the runner's maintenance sweep to run again; never the job's failure."""
+
+
 async def store_write(call: Callable[[], Awaitable[T]]) -> T:
-    """A store write of a running job: retried on any error while the store restarts (up to STORE_RETRY_S)."""
-    return await _retrying(call, tenacity.retry_if_exception_type(Exception), STORE_RETRY_S,
-                           tenacity.wait_exponential(multiplier=0.25, max=5.0), "job store write failed")
+    """A store call (read or write) of a running job: retried on any error while the store restarts
+    (up to STORE_RETRY_S), then raised as `StoreUnreachable`."""
+    try:
+        return await _retrying(call, tenacity.retry_if_exception_type(Exception), STORE_RETRY_S,
+                               tenacity.wait_exponential(multiplier=0.25, max=5.0), "job store call failed")
+    except Exception as exc:
+        raise StoreUnreachable(_name(exc)) from exc
 
 
 async def model_call(call: Callable[[], Awaitable[T]], retry_s: float) -> T:

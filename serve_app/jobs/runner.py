@@ -4,7 +4,9 @@ in chunks (each stored as it completes) and reads them back, whole or a page at 
 The JobManager deployment (serve_app/jobs/manager.py) wraps one `JobRunner`; unit tests drive it
 with fake model clients and a real SQLite store. Only the holder of the store's lease computes
 jobs: on start (and whenever it takes the lease over) it resumes every queued or running job after
-its last stored chunk, so a restart recomputes at most the chunks that were in flight.
+its last stored chunk, so a restart recomputes at most the chunks that were in flight. Each
+maintenance tick also runs any unfinished job it has no task for: one whose submit was cancelled
+after its create was written, one whose store calls failed past retry.STORE_RETRY_S.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from .store import JobStore, open_store
 logger = logging.getLogger("ray.serve")
 T = TypeVar("T")
 
-#: how often the runner renews its lease (or tries to take it) and deletes expired jobs
+#: how often the runner renews (or takes) its lease, runs unfinished jobs without a task, purges
 MAINTENANCE_INTERVAL_S = 2.0
 
 
@@ -83,12 +85,14 @@ class JobRunner:
         await self.store.close()
 
     async def _take_over(self) -> None:
-        if not self.holding and await self.store.lease().acquire():
-            self.holding = True
-            jobs = await self.store.unfinished()
-            for record in jobs:
-                self._launch(record)
-            logger.info("job store lease taken: %d queued or running jobs resumed", len(jobs))
+        """Take the lease if free; while holding it, run every unfinished job without a task here (one
+        read: at most jobs.max_unfinished_jobs records). `holding` is set once that read succeeded."""
+        if not self.holding and not await self.store.lease().acquire():
+            return
+        resumed = sum(self._launch(record) for record in await self.store.unfinished())
+        if resumed or not self.holding:
+            logger.info("job store lease held: %d queued or running jobs resumed", resumed)
+        self.holding = True
 
     async def _maintain(self) -> None:
         while True:
@@ -171,42 +175,55 @@ class JobRunner:
         return body
 
     # -- compute -----------------------------------------------------------------------------
-    def _launch(self, record: JobRecord) -> None:
-        if record.id not in self._tasks:
-            self._tasks[record.id] = asyncio.create_task(self._run(record.id), name=f"job-{record.id}")
+    def _launch(self, record: JobRecord) -> bool:
+        if record.id in self._tasks:
+            return False
+        self._tasks[record.id] = asyncio.create_task(self._run(record.id), name=f"job-{record.id}")
+        return True
 
     async def _run(self, job_id: str) -> None:
-        """Compute a job's missing chunks. A cancelled task (DELETE, lease lost, shutdown) records
-        nothing: `cancel` wrote the state first, or the next runner resumes the job."""
+        """Compute a job's missing chunks and record how it ended. A cancelled task (DELETE, lease
+        lost, shutdown) records nothing: `cancel` wrote the state first, or the next runner resumes
+        the job; nor does a store failing past retry.STORE_RETRY_S: the maintenance sweep resumes it."""
         try:
             async with self._running:
                 record = await retry.store_write(lambda: self.store.get(job_id))
                 if record is None or record.finished:
                     return
-                try:
-                    body = parse_submission(record.task, json.loads(await self.store.payload(job_id)))
-                    now = self._clock()
-                    await retry.store_write(lambda: self.store.start(job_id, now))
-                    remaining = (record.started_at or now) + self.settings.jobs.job_timeout_s - now
-                    try:
-                        async with asyncio.timeout(max(remaining, 0.0)):
-                            await self._compute(record, body)
-                    except TimeoutError:
-                        raise RequestTimeout(f"The job did not finish within jobs.job_timeout_s "
-                                             f"({self.settings.jobs.job_timeout_s:g} s).") from None
-                    await self._finish(record, "succeeded")
-                except ServeAppError as exc:
-                    await self._finish(record, "failed", {"error": exc.message, "error_type": exc.error_type})
-                except (asyncio.CancelledError, KeyboardInterrupt):
-                    raise
-                except Exception as exc:  # never leave a job running forever
-                    logger.exception("job %s failed", job_id)
-                    await self._finish(record, "failed", {"error": f"The job failed: {type(exc).__name__}.",
-                                                          "error_type": "internal_error"})
+                if (outcome := await self._outcome(record)) is not None:
+                    await self._finish(record, *outcome)
+        except retry.StoreUnreachable as exc:
+            logger.error("job %s: the job store still fails (%s); left to resume", job_id, exc)
         finally:
             self._tasks.pop(job_id, None)
 
-    async def _compute(self, record: JobRecord, body: BaseModel) -> None:
+    async def _outcome(self, record: JobRecord) -> Optional[tuple[str, Optional[dict]]]:
+        """Compute the job: ("succeeded", None) or ("failed", error); None when it finished meanwhile
+        (cancelled). Only the job's own errors fail it; the store's are raised (StoreUnreachable)."""
+        try:
+            if (data := await retry.store_write(lambda: self.store.payload(record.id))) is None:
+                return None  # finished meanwhile: its payload was dropped
+            body = parse_submission(record.task, json.loads(data))
+            now = self._clock()
+            await retry.store_write(lambda: self.store.start(record.id, now))
+            remaining = (record.started_at or now) + self.settings.jobs.job_timeout_s - now
+            try:
+                async with asyncio.timeout(max(remaining, 0.0)):
+                    done = await self._compute(record, body)
+            except TimeoutError:
+                raise RequestTimeout(f"The job did not finish within jobs.job_timeout_s "
+                                     f"({self.settings.jobs.job_timeout_s:g} s).") from None
+            return ("succeeded", None) if done else None
+        except retry.StoreUnreachable:  # (CancelledError is no Exception: it passes too)
+            raise
+        except ServeAppError as exc:
+            return "failed", {"error": exc.message, "error_type": exc.error_type}
+        except Exception as exc:  # never leave a job running forever
+            logger.exception("job %s failed", record.id)
+            return "failed", {"error": f"The job failed: {type(exc).__name__}.", "error_type": "internal_error"}
+
+    async def _compute(self, record: JobRecord, body: BaseModel) -> bool:
+        """Compute and store the missing chunks; False once the store refuses one (cancelled meanwhile)."""
         stored = await retry.store_write(lambda: self.store.chunk_metas(record.id))
         todo = [i for i in range(record.chunks_total) if i not in stored]
         if stored:
@@ -219,8 +236,11 @@ class JobRunner:
             part = piece(record.task, body, start, stop)
             response = await retry.model_call(lambda: self._call(record.task, part), self.settings.jobs.model_retry_s)
             meta, data = encode_chunk_of(record.task, body, response)
-            await retry.store_write(lambda: self.store.put_chunk(record.id, index, stop - start, meta, data))
+            if not await retry.store_write(lambda: self.store.put_chunk(record.id, index, stop - start, meta, data)):
+                logger.info("job %s finished meanwhile: chunk %d not kept, nothing more computed", record.id, index)
+                return False
             self.chunks_computed += 1
+        return True
 
     async def _call(self, task: str, part: BaseModel) -> BaseModel:
         if task == "translation":

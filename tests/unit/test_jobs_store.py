@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from pathlib import Path
 
 import pytest
 
 from serve_app.errors import Overloaded
 from serve_app.jobs.job import JobRecord, JobStoreFull, StoreLimits
 from serve_app.jobs.store.redis_store import RedisJobStore
+from serve_app.jobs.store import sqlite as sqlite_store
 from serve_app.jobs.store.sqlite import SqliteJobStore
 from tests.redis_server import RedisServer
 
@@ -136,6 +138,30 @@ def test_a_chunk_larger_than_its_reservation_counts_its_real_size(open_store):
     asyncio.run(scenario())
 
 
+def test_a_chunk_is_refused_once_its_job_finished(open_store):
+    """A chunk written after the job was cancelled (or finished otherwise) is not kept nor counted."""
+    async def scenario():
+        store = open_store()
+        await store.create(_job(1, reserved=10), b"{}", LIMITS)
+        assert await store.put_chunk("job1", 0, 4, {}, b"abcd")
+        assert await store.put_chunk("job1", 0, 4, {}, b"abcd")  # stored already: accepted, counted once
+        await store.finish("job1", "cancelled", 1_001.0, 1_061.0)
+        assert not await store.put_chunk("job1", 1, 4, {}, b"x" * 50)
+        cancelled = await store.get("job1")
+        assert await store.chunk_metas("job1") == {}
+        assert cancelled.reserved_bytes == cancelled.used_bytes == 0
+        await store.create(_job(2, reserved=10), b"{}", LIMITS)
+        assert await store.put_chunk("job2", 0, 4, {}, b"abcd")
+        await store.finish("job2", "succeeded", 1_001.0, 1_061.0)
+        assert not await store.put_chunk("job2", 1, 4, {}, b"x" * 50)
+        assert not await store.put_chunk("nojob", 0, 4, {}, b"abcd")
+        succeeded = await store.get("job2")
+        assert list(await store.chunk_metas("job2")) == [0] and succeeded.used_bytes == 4
+        assert (await store.counts())["result_bytes"] == 10  # job2's reservation; nothing of the refused
+
+    asyncio.run(scenario())
+
+
 def test_a_key_is_one_job_per_owner_until_the_job_expires(open_store):
     async def scenario():
         store = open_store()
@@ -193,3 +219,13 @@ def test_redis_jobs_survive_a_redis_server_restart(tmp_path):
         asyncio.run(read())
     finally:
         server.kill()
+
+
+def test_a_relative_store_path_is_under_the_project_root_or_else_the_current_directory(tmp_path, monkeypatch):
+    root = Path(__file__).resolve().parents[2]  # the checkout, where `make run` creates .data/
+    assert SqliteJobStore.resolve(".data/jobs.sqlite3") == root / ".data" / "jobs.sqlite3"
+    assert SqliteJobStore.resolve(str(tmp_path / "j.sqlite3")) == tmp_path / "j.sqlite3"
+    # installed as a package (`pip install .`, the image): no checkout around the module
+    monkeypatch.setattr(sqlite_store, "ROOT", tmp_path / "site-packages")
+    monkeypatch.chdir(tmp_path)
+    assert SqliteJobStore.resolve(".data/jobs.sqlite3") == tmp_path / ".data" / "jobs.sqlite3"

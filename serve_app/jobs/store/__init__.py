@@ -62,8 +62,9 @@ class JobStore(ABC):
         """Mark it running (its first start time is kept across resumes)."""
 
     @abstractmethod
-    async def put_chunk(self, job_id: str, index: int, records: int, meta: dict, data: bytes) -> None:
-        """Store one chunk of the result (a chunk stored already is left as it is)."""
+    async def put_chunk(self, job_id: str, index: int, records: int, meta: dict, data: bytes) -> bool:
+        """Store one chunk of the result (a chunk stored already is left as it is), atomically with the
+        check that the job is still queued or running; False (nothing stored or counted) once it is not."""
 
     @abstractmethod
     async def chunk_metas(self, job_id: str) -> dict[int, tuple[int, dict]]:

@@ -52,8 +52,9 @@ return 1
 """
 
 _PUT_CHUNK = """
-if redis.call('EXISTS', KEYS[2]) == 0 then return 0 end
-if redis.call('HSETNX', KEYS[1], 'd' .. ARGV[1], ARGV[2]) == 0 then return 0 end
+local s = redis.call('HGET', KEYS[2], 'status')
+if s ~= 'queued' and s ~= 'running' then return 0 end
+if redis.call('HSETNX', KEYS[1], 'd' .. ARGV[1], ARGV[2]) == 0 then return 1 end
 redis.call('HSET', KEYS[1], 'm' .. ARGV[1], ARGV[3])
 redis.call('HINCRBY', KEYS[2], 'records_done', ARGV[4])
 local used = redis.call('HINCRBY', KEYS[2], 'used_bytes', string.len(ARGV[2]))
@@ -217,9 +218,10 @@ class RedisJobStore(JobStore):
     async def start(self, job_id: str, now: float) -> None:
         await self.redis.eval(_START, 1, self.key("job", job_id), repr(now))
 
-    async def put_chunk(self, job_id: str, index: int, records: int, meta: dict, data: bytes) -> None:
-        await self.redis.eval(_PUT_CHUNK, 3, self.key("chunks", job_id), self.key("job", job_id), self.key("stats"),
-                              index, data, json.dumps([records, meta]), records)
+    async def put_chunk(self, job_id: str, index: int, records: int, meta: dict, data: bytes) -> bool:
+        return bool(await self.redis.eval(
+            _PUT_CHUNK, 3, self.key("chunks", job_id), self.key("job", job_id), self.key("stats"),
+            index, data, json.dumps([records, meta]), records))
 
     async def chunk_metas(self, job_id: str) -> dict[int, tuple[int, dict]]:
         fields = [f for f in await self.redis.hkeys(self.key("chunks", job_id)) if f.startswith(b"m")]

@@ -23,8 +23,9 @@ from typing import Any, Callable, Optional
 from ..job import FINISHED, STATES, JobRecord, StoreLimits
 from . import Chunk, JobStore, Lease
 
-#: the project's root: a relative `jobs.store_path` is under it (where `make run` runs)
-ROOT = Path(__file__).resolve().parents[2]
+#: the project's root (this file is serve_app/jobs/store/sqlite.py in it): where `make run` runs and
+#: creates `.data/`; a relative `jobs.store_path` is under it when this module runs from a checkout
+ROOT = Path(__file__).resolve().parents[3]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -95,8 +96,10 @@ class SqliteJobStore(JobStore):
 
     @staticmethod
     def resolve(path: str) -> Path:
+        """A relative path is under the project's root; installed as a package (no checkout around this
+        module, e.g. `pip install .` into site-packages), under the current directory instead."""
         p = Path(path).expanduser()
-        return p if p.is_absolute() else ROOT / p
+        return p if p.is_absolute() else (ROOT if (ROOT / "pyproject.toml").is_file() else Path.cwd()) / p
 
     def _connect(self) -> sqlite3.Connection:
         if self._db is None:
@@ -168,16 +171,19 @@ class SqliteJobStore(JobStore):
             f"UPDATE jobs SET status = 'running', started_at = COALESCE(started_at, ?) "
             f"WHERE id = ? AND status IN {_UNFINISHED}", (now, job_id)))
 
-    async def put_chunk(self, job_id: str, index: int, records: int, meta: dict, data: bytes) -> None:
-        def put(db: sqlite3.Connection) -> None:
+    async def put_chunk(self, job_id: str, index: int, records: int, meta: dict, data: bytes) -> bool:
+        def put(db: sqlite3.Connection) -> bool:
+            if db.execute(f"SELECT 1 FROM jobs WHERE id = ? AND status IN {_UNFINISHED}", (job_id,)).fetchone() is None:
+                return False  # finished meanwhile (cancelled): nothing kept, nothing counted
             added = db.execute("INSERT OR IGNORE INTO chunks (job_id, idx, records, meta, data) VALUES (?, ?, ?, ?, ?)",
                                (job_id, index, records, json.dumps(meta), data)).rowcount
             if added:
                 db.execute("UPDATE jobs SET records_done = records_done + ?, used_bytes = used_bytes + ?, "
                            "reserved_bytes = MAX(reserved_bytes, used_bytes + ?) WHERE id = ?",
                            (records, len(data), len(data), job_id))
+            return True
 
-        await self._run(put)
+        return await self._run(put)
 
     async def chunk_metas(self, job_id: str) -> dict[int, tuple[int, dict]]:
         rows = await self._run(lambda db: db.execute(
