@@ -10,7 +10,7 @@ import httpx
 
 from .retry import RetryPolicy
 from .wire import (
-    FINISHED_JOB_STATES, RETRYABLE_STATUSES, SUBMIT_TIMEOUT_S, JobSpec, ServeAppHTTPError, answer, auth_headers,
+    FINISHED_JOB_STATES, RETRYABLE_STATUSES, SUBMIT_TIMEOUT_S, JobCancelled, JobSpec, ServeAppHTTPError, answer, auth_headers,
     checked, deadline_headers, embeddings_body, job_outcome, job_path, merge_page, outputs, predict_path, submission_headers,
     translation_body, translations, vectors,
 )
@@ -42,7 +42,16 @@ class AsyncJob:
             interval = min(interval * 2, policy.max_poll_interval_s)
 
     def __await__(self):
-        return self._task.__await__()
+        return self._result().__await__()
+
+    async def _result(self) -> Any:
+        # Shielded: a caller's timeout (asyncio.wait_for) ends its wait, not the poller; awaiting again works.
+        try:
+            return await asyncio.shield(self._task)
+        except asyncio.CancelledError:
+            if self._task.cancelled():  # `cancel()` stopped the poller: the job was cancelled
+                raise JobCancelled(f"job {self.job_id} was cancelled") from None
+            raise
 
     def done(self) -> bool:
         return self._task.done()
@@ -65,7 +74,7 @@ class AsyncJob:
 class AsyncClient:
     """The same API as `Client` (serve_app/client/sync.py) for asyncio code."""
 
-    def __init__(self, base_url: str = "http://127.0.0.1:9527", *, timeout_s: float = 60.0,
+    def __init__(self, base_url: str = "http://127.0.0.1:9527", *, timeout_s: float = SUBMIT_TIMEOUT_S,
                  api_key: Optional[str] = None, retry: RetryPolicy = RetryPolicy(),
                  transport: Optional[httpx.AsyncBaseTransport] = None, submit_timeout_s: float = SUBMIT_TIMEOUT_S):
         self._http = httpx.AsyncClient(base_url=base_url, timeout=timeout_s, headers=auth_headers(api_key),

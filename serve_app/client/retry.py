@@ -2,9 +2,9 @@
 
 Retried: a 503 (the service said "not now": overloaded, shutting down, a model restarting) and a
 transport error (connection refused or reset, a timeout). Not retried: anything else, which is an
-answer. Each wait is the 503's `Retry-After` (else `default_wait_s`), lengthened by up to `jitter`
-of it at random so that clients turned away together do not return together, and capped by
-`max_retry_wait_s`. A call stops after `max_retries` retries, or when its next wait would pass
+answer. Each wait is the 503's `Retry-After` (seconds or an HTTP date; else `default_wait_s`),
+lengthened by up to `jitter` of it at random so that clients turned away together do not return
+together, and capped by `max_retry_wait_s` (at the cap, spread over its last `jitter`). A call stops after `max_retries` retries, or when its next wait would pass
 `deadline_s` (counted from the call's start); each attempt's timeout is at most what remains.
 """
 
@@ -18,7 +18,7 @@ from typing import Optional
 import httpx
 import tenacity
 
-from .wire import RETRYABLE_STATUSES
+from .wire import RETRYABLE_STATUSES, retry_after_s
 
 
 @dataclass(frozen=True)
@@ -39,14 +39,9 @@ class RetryPolicy:
 
     def wait_s(self, response: Optional[httpx.Response]) -> float:
         """The wait before retrying after `response` (None: a transport error)."""
-        wait = self.default_wait_s
-        if response is not None:
-            value = response.headers.get("Retry-After")
-            try:
-                wait = max(float(value), 0.0) if value else wait
-            except ValueError:
-                pass
-        return min(wait * (1 + random.uniform(0, self.jitter)), self.max_retry_wait_s)
+        advised = retry_after_s(response.headers.get("Retry-After")) if response is not None else None
+        wait, cap = (self.default_wait_s if advised is None else advised), self.max_retry_wait_s
+        return random.uniform(min(wait, cap * (1 - self.jitter)), min(wait * (1 + self.jitter), cap))
 
     def _wait(self, state: tenacity.RetryCallState) -> float:
         outcome = state.outcome

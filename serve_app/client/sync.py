@@ -139,7 +139,7 @@ class Client:
     """Blocking client. `timeout_s` bounds each HTTP attempt (`submit_timeout_s` a job
     submission's); `retry.deadline_s` bounds a whole call, its retries and waits included."""
 
-    def __init__(self, base_url: str = "http://127.0.0.1:9527", *, timeout_s: float = 60.0,
+    def __init__(self, base_url: str = "http://127.0.0.1:9527", *, timeout_s: float = SUBMIT_TIMEOUT_S,
                  api_key: Optional[str] = None, retry: RetryPolicy = RetryPolicy(),
                  transport: Optional[httpx.BaseTransport] = None, submit_timeout_s: float = SUBMIT_TIMEOUT_S):
         self._http = httpx.Client(base_url=base_url, timeout=timeout_s, headers=auth_headers(api_key),

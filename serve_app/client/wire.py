@@ -6,8 +6,11 @@ Shared by the client's two halves (sync.py, aio.py); no I/O here.
 from __future__ import annotations
 
 import concurrent.futures
+import email.utils
+import math
 import uuid
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any, Callable, Optional, Sequence
 from urllib.parse import quote
 
@@ -31,8 +34,9 @@ class ServeAppHTTPError(RuntimeError):
 #: request header of a job submission: the same on each retry of one `submit*()` call
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 
-#: how long one attempt of a job submission may take: longer than the service's own deadline
-#: (ingress.model_timeout_s, 60 s), which answers 504 first
+#: how long one attempt of a call or a job submission may take by default: longer than the service's
+#: own deadline (ingress.model_timeout_s, 60 s), which answers 504 first (equal, the client timed out
+#: first and sent the doomed request again)
 SUBMIT_TIMEOUT_S = 90.0
 
 
@@ -76,15 +80,28 @@ def translation_body(texts: Sequence[str], source: str, target: str, ids: Option
                         "records": [{"id": i, "text": t} for i, t in zip(ids, texts)]}}
 
 
+def retry_after_s(value: Optional[str]) -> Optional[float]:
+    """A `Retry-After` header in seconds: its number of seconds, or the time until its HTTP date (at
+    least 0); None when absent or unreadable (`nan`, `inf`, anything else)."""
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            seconds = (email.utils.parsedate_to_datetime(value) - datetime.now(timezone.utc)).total_seconds()
+        except (TypeError, ValueError):
+            return None
+    return max(seconds, 0.0) if math.isfinite(seconds) else None
+
+
 def error_of(response: httpx.Response) -> ServeAppHTTPError:
     try:
         body = response.json()
         error, error_type = str(body.get("error", response.text)), str(body.get("error_type", "unknown"))
     except ValueError:
         error, error_type = response.text, "unknown"
-    retry_after = response.headers.get("Retry-After")
-    return ServeAppHTTPError(response.status_code, error, error_type,
-                             float(retry_after) if retry_after and retry_after.isdigit() else None)
+    return ServeAppHTTPError(response.status_code, error, error_type, retry_after_s(response.headers.get("Retry-After")))
 
 
 def translations(response: httpx.Response, expected: int) -> list[str]:

@@ -5,7 +5,7 @@ import asyncio
 import httpx
 import pytest
 
-from serve_app.client import AsyncClient, Client, RetryPolicy, ServeAppHTTPError
+from serve_app.client import AsyncClient, Client, JobCancelled, RetryPolicy, ServeAppHTTPError
 
 NO_WAIT = RetryPolicy(max_retries=3, default_wait_s=0.0, max_retry_wait_s=0.0)
 
@@ -79,7 +79,33 @@ def test_waits_have_jitter_within_their_cap():
     policy = RetryPolicy(max_retry_wait_s=5)  # jitter 0.2: 2 s becomes 2-2.4 s
     waits = [policy.wait_s(httpx.Response(503, headers={"Retry-After": "2"})) for _ in range(200)]
     assert all(2 <= w <= 2.4 for w in waits) and len(set(waits)) > 100
-    assert all(policy.wait_s(httpx.Response(503, headers={"Retry-After": "60"})) == 5 for _ in range(20))
+    capped = [policy.wait_s(httpx.Response(503, headers={"Retry-After": "60"})) for _ in range(200)]
+    assert all(4 <= w <= 5 for w in capped) and len(set(capped)) > 100  # at the cap, still spread
+
+
+def test_retry_after_in_seconds_or_as_a_date_and_nothing_unreadable():
+    from email.utils import format_datetime
+    from datetime import datetime, timedelta, timezone
+
+    from serve_app.client.wire import retry_after_s
+
+    assert retry_after_s("2") == 2 and retry_after_s("0.5") == 0.5 and retry_after_s("-3") == 0
+    in_5_s = format_datetime(datetime.now(timezone.utc) + timedelta(seconds=5), usegmt=True)
+    assert 3 <= retry_after_s(in_5_s) <= 5
+    assert all(retry_after_s(v) is None for v in (None, "", "nan", "inf", "soon"))
+    policy = RetryPolicy(default_wait_s=1.5, jitter=0.0)
+    assert policy.wait_s(httpx.Response(503, headers={"Retry-After": "nan"})) == 1.5  # was NaN: a crash
+
+
+def test_a_call_outlasts_the_services_own_deadline_by_default():
+    """The service answers 504 at ingress.model_timeout_s; a client timing out at the same moment would
+    send the doomed request again instead of reporting the 504."""
+    from serve_app.settings import load_settings
+
+    deadline = load_settings(None).ingress.model_timeout_s
+    import inspect
+
+    assert all(inspect.signature(cls).parameters["timeout_s"].default > deadline for cls in (Client, AsyncClient))
 
 
 def test_ids_and_deadline_are_sent():
@@ -187,8 +213,11 @@ def test_async_jobs_are_awaitable_and_cancellable():
             slow = FakeJobServer(polls_before_done=10**9)
             client._http._transport = httpx.MockTransport(slow)
             pending = await client.submit_translation(["c"], source="en", target="pt")
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(pending, 0.05)  # the caller's wait ends; the poller keeps polling
+            assert not pending.done()
             assert await pending.cancel()
-            with pytest.raises(asyncio.CancelledError):
+            with pytest.raises(JobCancelled):
                 await pending
             return result, slow.deleted
 
