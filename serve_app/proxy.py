@@ -107,8 +107,9 @@ def haproxy_folder_fits(folder: Path) -> bool:
 
 #: Where serve-app launchers on this machine claim HAProxy's stats / metrics ports (one lock file
 #: per port). A port is only bound once Ray has started HAProxy, seconds after the launcher chose
-#: it; the claim closes that window between two launchers started at the same moment.
-PORT_CLAIMS_DIR = Path(tempfile.gettempdir()) / "serve-app-ports"
+#: it; the claim closes that window between two launchers started at the same moment. One folder per
+#: user: another user's claim files are not ours to open (their ports are still checked by binding).
+PORT_CLAIMS_DIR = Path(tempfile.gettempdir()) / f"serve-app-ports-{os.getuid()}"
 
 #: The claims this process holds: kept open (so locked) until the process exits, which covers
 #: HAProxy's lifetime (the launcher outlives the Ray cluster it started).
@@ -119,8 +120,11 @@ def claim_port(port: int) -> Optional[IO]:
     """An exclusive claim on `port` among serve-app launchers: the open, flock-ed file
     PORT_CLAIMS_DIR/<port>, or None when another launcher (or another claim of this process)
     holds it. The lock goes with the file: closing it, or the process exiting, releases it."""
-    PORT_CLAIMS_DIR.mkdir(parents=True, exist_ok=True)
-    claim = open(PORT_CLAIMS_DIR / str(port), "a")  # noqa: SIM115 - held open on purpose
+    try:
+        PORT_CLAIMS_DIR.mkdir(parents=True, exist_ok=True)
+        claim = open(PORT_CLAIMS_DIR / str(port), "a")  # noqa: SIM115 - held open on purpose
+    except OSError:  # not ours to claim
+        return None
     try:
         fcntl.flock(claim, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:

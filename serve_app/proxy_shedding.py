@@ -61,6 +61,10 @@ class ProxyShedding:
                                          f"after {self.retry_after_s} s.", "error_type": "overloaded"})
         return [
             f"timeout queue {max(1, round(self.max_queue_wait_s * 1000))}ms",
+            # Every request gets an id here if its client sent none, so a POST that HAProxy resends (its
+            # replica died before answering) carries the same one: the job store knows a resent
+            # submission by it (jobs/job.py's submission_key). Ray sets it only with a request router.
+            "http-request set-header x-request-id %[uuid] if !{ req.hdr(x-request-id) -m found }",
             "acl serve_app_model path " + " ".join(self.model_paths),
             "acl serve_app_model path_beg " + " ".join(self.model_path_prefixes),
             # Lower classes leave the queue first: readiness and status calls do not wait behind a storm.

@@ -78,15 +78,20 @@ def _load_config(config_path: str) -> dict:
 
 
 def _app_names(config_path: str) -> list[str]:
-    return [app.get("name", "default") for app in _load_config(config_path).get("applications") or []]
+    """The config's applications, read when serving starts (the file may be gone or half-edited at the stop)."""
+    try:
+        return [app.get("name", "default") for app in _load_config(config_path).get("applications") or []]
+    except (OSError, ValueError, yaml.YAMLError, AttributeError):
+        return []  # `serve run` reports the config itself
 
 
 def _running_ingress_replicas(app_names: list[str]) -> int:
+    """RUNNING Ingress replicas of the config's applications (one without an Ingress counts none)."""
     from ray import serve
 
     applications = serve.status().applications
-    return sum(int(applications[name].deployments["Ingress"].replica_states.get("RUNNING", 0))
-               for name in app_names if name in applications)
+    ingresses = (applications[name].deployments.get("Ingress") for name in app_names if name in applications)
+    return sum(int(ingress.replica_states.get("RUNNING", 0)) for ingress in ingresses if ingress is not None)
 
 
 def _drain(signal_actor: Any, app_names: list[str], timeout_s: float) -> None:
@@ -95,6 +100,10 @@ def _drain(signal_actor: Any, app_names: list[str], timeout_s: float) -> None:
 
     try:
         replicas = _running_ingress_replicas(app_names)
+    except Exception as exc:  # the stop still goes out: whoever reports is waited for until the timeout
+        _say(f"serve-app: could not count the Ingress replicas ({exc!r})")
+        replicas = 1
+    try:
         ray.get(signal_actor.stop.remote(timeout_s))
         drained = ray.get(signal_actor.reports.remote(replicas, timeout_s + 10))
         _say(f"serve-app: drained {len(drained)} of {replicas} Ingress replica(s): {drained}")
@@ -180,17 +189,19 @@ def _serve(ns: argparse.Namespace) -> int:
 
     serve_bin = str(Path(sys.executable).with_name("serve"))
     env = dict(os.environ, RAY_AUTH_MODE=os.environ.get("RAY_AUTH_MODE", "token"))
+    app_names = _app_names(ns.config)
     child = subprocess.Popen(
         [serve_bin, "run", ns.config, "--address", ray.get_runtime_context().gcs_address],
         env=env, start_new_session=True,  # Ctrl-C reaches this launcher only; it decides the order
     )
-    while not stop.is_set() and child.poll() is None:
-        stop.wait(0.5)
-    code = child.poll()
-    if code is None:
-        _say("serve-app: stopping: draining in-flight requests first")
-        _drain(signal_actor, _app_names(ns.config), ns.drain_timeout_s)
+    code = None
     try:
+        while not stop.is_set() and child.poll() is None:
+            stop.wait(0.5)
+        code = child.poll()
+        if code is None:
+            _say("serve-app: stopping: draining in-flight requests first")
+            _drain(signal_actor, app_names, ns.drain_timeout_s)
         serve.shutdown()
     finally:
         if child.poll() is None:

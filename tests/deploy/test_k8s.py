@@ -89,6 +89,15 @@ def test_ingress_routes_to_the_serve_service_kuberay_creates(overlay):
     assert service["port"]["name"] in {p["name"] for p in head["ports"]}
 
 
+def test_the_ingress_resends_a_request_whose_pod_was_lost(overlay):
+    """nginx resends no POST by default, and every model route is one: the cluster figures (0 failed while
+    a pod is lost) assume the controller's next-upstream retry."""
+    _, objects = overlay
+    annotations = _one(objects, "Ingress")["metadata"]["annotations"]
+    assert set(annotations["nginx.ingress.kubernetes.io/proxy-next-upstream"].split()) >= {"error", "non_idempotent"}
+    assert int(annotations["nginx.ingress.kubernetes.io/proxy-next-upstream-tries"]) == 3
+
+
 def _labels_match(selector: dict, labels: dict) -> bool:
     return all(labels.get(k) == v for k, v in selector.items())
 

@@ -172,6 +172,18 @@ def test_a_claim_is_exclusive_until_its_file_is_closed():
     again.close()
 
 
+def test_a_claim_file_this_user_cannot_open_is_a_port_not_claimed(tmp_path, monkeypatch):
+    """Another user's claim files (left behind in a shared folder) are not ours: no crash, no claim."""
+    folder = tmp_path / "claims"
+    monkeypatch.setattr(proxy, "PORT_CLAIMS_DIR", folder)
+    folder.mkdir()
+    (folder / "1").mkdir()  # opening it for append fails as another user's 0644 file would
+    assert proxy.claim_port(1) is None
+    claim = proxy.claim_port(2)
+    assert claim is not None
+    claim.close()
+
+
 def test_the_retry_policy_renders_into_rays_haproxy_config_and_haproxy_accepts_it(tmp_path):
     """RAY_SERVE_HAPROXY_RETRY_ON carries `option http-buffer-request` on a second line: Ray's own
     template must still render it into the `defaults` section, and HAProxy must accept the result."""

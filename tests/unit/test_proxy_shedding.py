@@ -69,6 +69,7 @@ class StandInReplica(ThreadingHTTPServer):
 
     def __init__(self) -> None:
         self.seen: list[str] = []
+        self.request_ids: list[str] = []  # each POST's x-request-id
         self.held = threading.Semaphore(0)
         self.lock = threading.Lock()
         super().__init__(("127.0.0.1", free_port()), _Handler)
@@ -106,6 +107,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
         with self.server.lock:
             self.server.seen.append(f"POST {self.path}")
+            self.server.request_ids.append(self.headers.get("x-request-id"))
         self.server.held.acquire(timeout=60)
         self._answer()
 
@@ -204,3 +206,14 @@ def test_a_request_that_waits_longer_than_max_wait_s_gets_the_overloaded_503(hap
         replica.release(2)
         assert [f.result().status_code for f in held] == [200, 200]
     assert replica.posts() == 2
+
+
+def test_every_request_reaches_the_replica_with_a_request_id(haproxy_in_front):
+    """A resent POST /jobs is known by its x-request-id: HAProxy gives one to a request that has none
+    (before any retry), and keeps the client's."""
+    url, replica, _ = haproxy_in_front
+    replica.release(2)
+    assert _post(url).status_code == 200
+    assert httpx.post(url + "/translation", json={}, headers={"X-Request-Id": "abc-2"}, timeout=30).status_code == 200
+    generated, given = replica.request_ids
+    assert generated and len(generated) == 36 and given == "abc-2"

@@ -105,3 +105,43 @@ def test_the_launcher_gives_the_proxy_the_ingress_replicas_bound_from_its_config
     monkeypatch.setattr(run, "proxy_environment", proxy_environment)
     assert run.main(["serve_config.placed.yaml"]) == 0
     assert seen["shedding"].max_requests_per_replica == 256 and seen["shedding"].max_queue_wait_s == 2.0
+
+
+def test_the_stop_goes_out_though_an_application_has_no_ingress(monkeypatch):
+    """A second application of another kind (no Ingress deployment) must not cancel the drain."""
+    from types import SimpleNamespace
+
+    import ray
+    from ray import serve
+
+    import serve_app.run as run
+
+    ingress = SimpleNamespace(replica_states={"RUNNING": 2})
+    apps = {"serve-app": SimpleNamespace(deployments={"Ingress": ingress}),
+            "other": SimpleNamespace(deployments={"Model": SimpleNamespace(replica_states={"RUNNING": 1})})}
+    monkeypatch.setattr(serve, "status", lambda: SimpleNamespace(applications=apps))
+    monkeypatch.setattr(ray, "get", lambda value: value)
+    sent = []
+
+    class Method:
+        def __init__(self, name):
+            self.name = name
+
+        def remote(self, *args):
+            sent.append((self.name, args))
+            return {"a": {}, "b": {}} if self.name == "reports" else None
+
+    actor = SimpleNamespace(stop=Method("stop"), reports=Method("reports"))
+    run._drain(actor, ["serve-app", "other"], 5.0)
+    assert sent == [("stop", (5.0,)), ("reports", (2, 15.0))]
+
+
+def test_the_application_names_are_read_once_and_a_broken_config_reads_as_none(tmp_path):
+    import serve_app.run as run
+
+    config = tmp_path / "c.yaml"
+    config.write_text("applications:\n  - name: serve-app\n")
+    assert run._app_names(str(config)) == ["serve-app"]
+    config.write_text("applications: [\n")  # half-edited while serving
+    assert run._app_names(str(config)) == []
+    assert run._app_names(str(tmp_path / "gone.yaml")) == []
