@@ -10,10 +10,11 @@ every running sequence decoding to its max_new_tokens, padding included) within
 `max_cached_tokens`; the admitted ones are encoded together and take their first step with
 the others. A sequence leaves the batch at the step that finishes it; a call is answered as
 soon as its last sequence is done. With `join_interval_steps` N > 1, sequences join (and finished
-ones are taken out of the caches) only every N steps, or sooner when nothing runs or half a batch
-or more can join at once: one encoder pass and one cache reshuffle for many sequences, which is
-what a step costs on a GPU. A call cancelled by its caller (deadline passed, client
-gone) leaves at the next step, its sequences never computed further.
+ones are taken out of the caches) only every N steps, or sooner when nothing runs or half a batch or
+more can join at once: one encoder pass and one cache reshuffle for many sequences, which is what a
+step costs on a GPU. A call cancelled by its caller (deadline passed, client gone), or failed by a
+step, leaves at the next step, its sequences never computed further. An error outside a step stops
+the thread: callers get a BackendError, new calls are refused, a `fatal` StepOutcome is sent.
 
 No Ray here: the Translator deployment wires it in (deployments/continuous_translation.py).
 """
@@ -53,6 +54,7 @@ class StepOutcome:
     dropped: int = 0  # sequences of cancelled calls taken out of the batch or the queue
     failed: bool = False
     error: Optional[BaseException] = None
+    fatal: bool = False  # the decoding thread stopped: this scheduler decodes nothing more
 
 
 class _Call:
@@ -104,7 +106,7 @@ class ContinuousScheduler:
         self._on_step = on_step
         self._waiting: dict[int, deque[DecodeRequest]] = {}
         self._cond = threading.Condition()
-        self._closed = False
+        self._closed, self._broken, self._joining = False, None, []  # _broken: the BackendError that stopped the thread
         self._dropped = 0  # sequences of cancelled calls skipped in the queue since the last step
         self._held_peak = 0  # most cache token slots held since the heap was last given back
         self._thread = threading.Thread(target=self._work, name=name, daemon=True)
@@ -130,7 +132,8 @@ class ContinuousScheduler:
             requests.append(DecodeRequest(list(ids), int(max_new), min_new, bos, tag=(call, index)))
         with self._cond:
             if self._closed:
-                raise RuntimeError("the decoding thread is shut down")
+                raise (BackendError(str(self._broken)) if self._broken
+                       else RuntimeError("the decoding thread is shut down"))
             self._waiting.setdefault(call.priority, deque()).extend(requests)
             self._cond.notify()
         return call.future
@@ -143,9 +146,9 @@ class ContinuousScheduler:
                              f"{self.backend.model_id!r} has positions for")
 
     def waiting(self) -> dict[int, int]:
-        """Sequences waiting to join, by priority (cancelled ones not counted)."""
+        """Sequences waiting to join, by priority (those of cancelled or failed calls not counted)."""
         with self._cond:
-            counts = {p: sum(not r.tag[0].future.cancelled() for r in q) for p, q in self._waiting.items()}
+            counts = {p: sum(not r.tag[0].future.done() for r in q) for p, q in self._waiting.items()}
         return {p: n for p, n in counts.items() if n}
 
     def shutdown(self) -> None:
@@ -159,7 +162,7 @@ class ContinuousScheduler:
     def _admit(self) -> list[DecodeRequest]:
         """Under the lock: take the waiting sequences that join before the next step (priority order,
         then arrival order; stops at the first that does not fit, so long ones are not starved)."""
-        joining: list[DecodeRequest] = []
+        joining = self._joining = []  # failed with the rest if an error stops the thread
         room = self.max_running_sequences - self.decoder.running
         cap = self.max_background_sequences
         background_room = None if cap is None else cap - sum(
@@ -168,9 +171,9 @@ class ContinuousScheduler:
             queue = self._waiting[priority]
             while queue:
                 request = queue[0]
-                if request.tag[0].future.cancelled():
+                if request.tag[0].future.done():  # cancelled, or failed by a step another of its sequences ran
                     queue.popleft()
-                    self._dropped += 1
+                    self._dropped += request.tag[0].future.cancelled()
                     continue
                 background = priority >= Priority.BACKGROUND and background_room is not None
                 if room <= 0 or (background and background_room <= 0) or not self._fits(joining + [request]):
@@ -194,26 +197,34 @@ class ContinuousScheduler:
         return self.decoder.projected_tokens(joining) <= self.max_cached_tokens
 
     def _work(self) -> None:
-        while True:
-            with self._cond:
-                while not self._closed and not self.decoder.running and not any(self._waiting.values()):
-                    self._cond.wait()
-                if self._closed:
-                    break
-                rebuild = self._steps_since_join + 1 >= self.join_interval_steps or self._many_can_join()
-                joining = self._admit() if rebuild else []
-            self._steps_since_join = 0 if rebuild else self._steps_since_join + 1
-            self._iterate(joining, rebuild)
-        self._fail_all(RuntimeError("the decoding thread is shut down"))
+        try:
+            while True:
+                with self._cond:
+                    while not self._closed and not self.decoder.running and not any(self._waiting.values()):
+                        self._cond.wait()
+                    if self._closed:
+                        break
+                    rebuild = self._steps_since_join + 1 >= self.join_interval_steps or self._many_can_join()
+                    joining = self._admit() if rebuild else []
+                self._steps_since_join = 0 if rebuild else self._steps_since_join + 1
+                self._iterate(joining, rebuild)
+        except Exception as exc:  # noqa: BLE001 - outside a step's own handling: no call would ever be answered
+            logger.exception("continuous decoding stopped: this replica decodes nothing more")
+            with self._cond:  # then `submit` refuses calls
+                self._closed, self._broken = True, BackendError(
+                    f"continuous decoding stopped for {self.backend.model_id!r}: {type(exc).__name__}: {exc}")
+        self._fail_all(self._broken or RuntimeError("the decoding thread is shut down"), self._joining)
+        if self._broken is not None:  # health fails at once: Serve replaces the replica
+            self._report(StepOutcome(0, 0, 0, {}, 0.0, 0.0, 0, failed=True, error=self._broken, fatal=True))
 
     def _iterate(self, joining: list[DecodeRequest], rebuild: bool = True) -> None:
         start, cpu_start = time.perf_counter(), time.thread_time()
-        gone = {r.request.tag for r in self.decoder.rows if r.request.tag[0].future.cancelled()}
-        if gone:
-            self.decoder.drop(gone)
+        gone = {r.request.tag for r in self.decoder.rows if r.request.tag[0].future.done()}  # cancelled or failed
         with self._cond:
-            dropped, self._dropped = self._dropped + len(gone), 0
+            dropped, self._dropped = self._dropped + sum(tag[0].future.cancelled() for tag in gone), 0
         try:
+            if gone:
+                self.decoder.drop(gone)
             if rebuild:
                 self.decoder.compact()
             self.decoder.join(joining)
@@ -247,28 +258,30 @@ class ContinuousScheduler:
         try:
             result = (self.backend.decode_rows(call.outputs), call.batch)
         except Exception as exc:  # noqa: BLE001
-            _settle(call.future, exc)
-            return
+            result = exc
         _settle(call.future, result)
 
     def _fail_running(self, error: BaseException, extra: Sequence[DecodeRequest] = ()) -> None:
         calls = {id(r.request.tag[0]): r.request.tag[0] for r in self.decoder.rows}
         calls.update({id(r.tag[0]): r.tag[0] for r in extra})
-        self.decoder.drop({r.request.tag for r in self.decoder.rows})
         for call in calls.values():
             _settle(call.future, error)
+        try:
+            self.decoder.drop({r.request.tag for r in self.decoder.rows})
+        except Exception:  # noqa: BLE001 - e.g. no memory to reshuffle the caches: start again from empty ones
+            logger.exception("continuous decoding: dropping the failed rows failed; the running batch is reset")
+            self.decoder._reset()  # both engines' (continuous_decoder.py, slot_decoder.py): no rows, empty caches
 
-    def _fail_all(self, error: BaseException) -> None:
+    def _fail_all(self, error: BaseException, joining: Sequence[DecodeRequest] = ()) -> None:
         with self._cond:
             waiting = [r for q in self._waiting.values() for r in q]
             self._waiting.clear()
-        self._fail_running(error, extra=waiting)
+        self._fail_running(error, extra=waiting + list(joining))
 
     def _report(self, outcome: StepOutcome) -> None:
-        if self._on_step is None:
-            return
         try:
-            self._on_step(outcome)
+            if self._on_step is not None:
+                self._on_step(outcome)
         except Exception:  # pragma: no cover - bookkeeping must never stop decoding
             logger.exception("continuous decoding bookkeeping failed")
 

@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 from .batching import Chunk
 from .continuous_batching import ContinuousScheduler, StepOutcome
+from .health import FAILURES_BEFORE_UNHEALTHY
 from .priority import Priority
 
 logger = logging.getLogger("ray.serve")
@@ -131,9 +132,12 @@ class ContinuousTranslation:
         replica.metrics.count_cancelled(outcome.dropped)
         if outcome.failed:
             replica.health.failed(outcome.error)
+            if outcome.fatal:  # the decoding thread stopped: unhealthy now, so that Serve replaces the replica
+                replica.health.failures_in_a_row = max(replica.health.failures_in_a_row, FAILURES_BEFORE_UNHEALTHY)
             replica.metrics.failed()
             return
-        replica.health.succeeded()
+        if outcome.running:  # an iteration that only let cancelled sequences go proves nothing about the model
+            replica.health.succeeded()
         stats["computed"] += outcome.finished
         for priority, records in outcome.finished_by_priority.items():
             background = priority >= Priority.BACKGROUND

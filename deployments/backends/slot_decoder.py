@@ -104,11 +104,7 @@ class SlotDecoder(ContinuousDecoder):
         self._arange = torch.arange(columns, device=self.device)
         self._join_ids = torch.full((self._rows_cap, source), self._pad_id, device=self.device, dtype=torch.long)
         self._join_mask = torch.zeros(self._rows_cap, source, device=self.device, dtype=torch.bool)
-        self._drop_graphs()
-
-    def _drop_graphs(self) -> None:
-        self._graphs.clear()
-        self._join_graphs.clear()
+        self._graphs.clear(), self._join_graphs.clear()
 
     @property
     def graphs(self) -> bool:
@@ -146,8 +142,7 @@ class SlotDecoder(ContinuousDecoder):
     def _reset(self) -> None:
         super()._reset()
         if hasattr(self, "_slot_rows"):
-            self._slot_rows = [None] * self._rows_cap
-            self._col = 0
+            self._slot_rows, self._col = [None] * self._rows_cap, 0
 
     @property
     def rows(self) -> list[_Row]:
@@ -164,8 +159,14 @@ class SlotDecoder(ContinuousDecoder):
         return max((len(row.request.input_ids) for row in self.rows), default=0)
 
     def cached_tokens(self) -> int:
-        live = self.running
-        return live * (self._col + self._longest_source()) if live else 0
+        return self.running * (self._col + self._longest_source())
+
+    def projected_tokens(self, joining: Sequence[DecodeRequest] = ()) -> int:
+        """ContinuousDecoder's bound in `cached_tokens`' layout: the rows share the column `_col`, so a row's
+        columns run from the one it joined at (now, for `joining`), not from zero."""
+        rows = [(self._col + 1 - len(r.ids), r.request) for r in self.rows] + [(self._col, r) for r in joining]
+        return len(rows) * (max(start + r.max_new_tokens + 1 for start, r in rows)
+                            + max(len(r.input_ids) for _, r in rows)) if rows else 0
 
     @torch.inference_mode()
     def join(self, requests: Sequence[DecodeRequest]) -> None:
@@ -175,7 +176,7 @@ class SlotDecoder(ContinuousDecoder):
         if len(free) < len(requests) or max(free) >= self.slots:
             raise ValueError(f"{len(requests)} sequences cannot join: {self.running} of {self.slots} slots are taken")
         if self._grow_positions(max(r.max_new_tokens for r in requests) + 1):  # a graph cannot grow it
-            self._drop_graphs()
+            self._graphs.clear(), self._join_graphs.clear()
         ids, mask = self._pad([r.input_ids for r in requests])
         n, width = ids.shape
         if width > self._cross.shape[4]:
@@ -242,8 +243,7 @@ class SlotDecoder(ContinuousDecoder):
                min(bucket(self._longest_source(), 32), self._cross.shape[4]))
         self._col_t.fill_(self._col)
         out = self._run_step(key)
-        rows = key[0]
-        chosen = out.tolist()
+        rows, chosen = key[0], out.tolist()
         self._state[:rows, _TOKEN] = out
         self._state[:rows, _POS] += 1
         self._col += 1
