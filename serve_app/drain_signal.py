@@ -5,7 +5,9 @@ replica that has already drained (it has nothing in flight): drain calls sent th
 1 of 2 Ingress replicas in CI, and the other replica's requests lost their connection at the shutdown.
 So the launcher (serve_app/run.py) owns a named actor instead. Every Ingress replica that finds it at
 start waits on it (an actor call that returns when the stop begins: an event, no polling), drains, and
-reports back; the launcher waits for as many reports as there are Ingress replicas.
+reports back under its Serve replica id; the launcher waits for a report from each Ingress replica alive
+when the stop began (serve_app/run.py), not for as many reports: a replica that starts during the stop has
+nothing to drain and reports at once, and must not stand in for a busy one.
 
 Without the launcher (`serve run`, a KubeRay RayService) there is no such actor and nothing waits.
 """
@@ -15,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from typing import Awaitable, Callable, Optional
+from typing import Awaitable, Callable, Collection, Optional, Union
 
 import ray
 
@@ -49,11 +51,17 @@ class Signal:
             self._reports[replica] = result
             self._reported.notify_all()
 
-    async def reports(self, count: int, timeout_s: float) -> dict[str, dict]:
-        """The reports once `count` replicas have sent one, or those in after `timeout_s`."""
+    async def reports(self, expected: Union[int, Collection[str]], timeout_s: float) -> dict[str, dict]:
+        """The reports once every replica in `expected` (their ids), or `expected` replicas whichever
+        they are, has sent one; or those in after `timeout_s`."""
+        def arrived() -> bool:
+            if isinstance(expected, int):
+                return len(self._reports) >= expected
+            return set(expected) <= self._reports.keys()
+
         async with self._reported:
             try:
-                await asyncio.wait_for(self._reported.wait_for(lambda: len(self._reports) >= count), timeout_s)
+                await asyncio.wait_for(self._reported.wait_for(arrived), timeout_s)
             except asyncio.TimeoutError:
                 pass
             return dict(self._reports)

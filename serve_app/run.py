@@ -26,7 +26,7 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Union
 
 import yaml
 
@@ -85,10 +85,23 @@ def _app_names(config_path: str) -> list[str]:
         return []  # `serve run` reports the config itself
 
 
-def _running_ingress_replicas(app_names: list[str]) -> int:
-    """RUNNING Ingress replicas of the config's applications (one without an Ingress counts none)."""
+def _ingress_replicas(app_names: list[str]) -> Union[set[str], int]:
+    """The Ingress replicas of the config's applications that are alive now, by the id each reports
+    under (its Serve replica id): Serve names each replica's actor `SERVE_REPLICA::<app>#<deployment>#<id>`.
+    By id, not by count: a replica that starts during the stop (the autoscaler adding one under load)
+    reports at once and would otherwise take the place of a busy one still draining. Should the names
+    not read, the RUNNING replicas' count (serve.status; an application without an Ingress has none)."""
+    import ray
     from ray import serve
 
+    try:
+        from ray.serve._private.common import ReplicaID
+
+        ids = {ReplicaID.from_full_id_str(actor["name"]) for actor in ray.util.list_named_actors(all_namespaces=True)
+               if ReplicaID.is_full_id_str(actor["name"])}
+        return {r.unique_id for r in ids if r.deployment_id.name == "Ingress" and r.deployment_id.app_name in app_names}
+    except Exception as exc:  # noqa: BLE001 - Ray's naming changed: count instead
+        _say(f"serve-app: could not list the Ingress replicas by id ({exc!r}); counting them")
     applications = serve.status().applications
     ingresses = (applications[name].deployments.get("Ingress") for name in app_names if name in applications)
     return sum(int(ingress.replica_states.get("RUNNING", 0)) for ingress in ingresses if ingress is not None)
@@ -99,14 +112,18 @@ def _drain(signal_actor: Any, app_names: list[str], timeout_s: float) -> None:
     import ray
 
     try:
-        replicas = _running_ingress_replicas(app_names)
+        replicas = _ingress_replicas(app_names)
     except Exception as exc:  # the stop still goes out: whoever reports is waited for until the timeout
-        _say(f"serve-app: could not count the Ingress replicas ({exc!r})")
+        _say(f"serve-app: could not find the Ingress replicas ({exc!r})")
         replicas = 1
     try:
         ray.get(signal_actor.stop.remote(timeout_s))
         drained = ray.get(signal_actor.reports.remote(replicas, timeout_s + 10))
-        _say(f"serve-app: drained {len(drained)} of {replicas} Ingress replica(s): {drained}")
+        if isinstance(replicas, int):
+            done, expected = len(drained), replicas
+        else:
+            done, expected = len(replicas & drained.keys()), len(replicas)
+        _say(f"serve-app: drained {done} of {expected} Ingress replica(s): {drained}")
     except Exception as exc:  # a failed drain must not prevent the shutdown
         _say(f"serve-app: could not drain ({exc!r}); stopping anyway")
 

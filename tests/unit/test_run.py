@@ -107,21 +107,8 @@ def test_the_launcher_gives_the_proxy_the_ingress_replicas_bound_from_its_config
     assert seen["shedding"].max_requests_per_replica == 256 and seen["shedding"].max_queue_wait_s == 2.0
 
 
-def test_the_stop_goes_out_though_an_application_has_no_ingress(monkeypatch):
-    """A second application of another kind (no Ingress deployment) must not cancel the drain."""
+def _fake_actor(sent: list, reports: dict):
     from types import SimpleNamespace
-
-    import ray
-    from ray import serve
-
-    import serve_app.run as run
-
-    ingress = SimpleNamespace(replica_states={"RUNNING": 2})
-    apps = {"serve-app": SimpleNamespace(deployments={"Ingress": ingress}),
-            "other": SimpleNamespace(deployments={"Model": SimpleNamespace(replica_states={"RUNNING": 1})})}
-    monkeypatch.setattr(serve, "status", lambda: SimpleNamespace(applications=apps))
-    monkeypatch.setattr(ray, "get", lambda value: value)
-    sent = []
 
     class Method:
         def __init__(self, name):
@@ -129,11 +116,67 @@ def test_the_stop_goes_out_though_an_application_has_no_ingress(monkeypatch):
 
         def remote(self, *args):
             sent.append((self.name, args))
-            return {"a": {}, "b": {}} if self.name == "reports" else None
+            return reports if self.name == "reports" else None
 
-    actor = SimpleNamespace(stop=Method("stop"), reports=Method("reports"))
-    run._drain(actor, ["serve-app", "other"], 5.0)
+    return SimpleNamespace(stop=Method("stop"), reports=Method("reports"))
+
+
+def test_the_launcher_waits_for_the_ingress_replicas_alive_at_the_stop_by_id(monkeypatch, capsys):
+    """Serve names each replica's actor by its id: the launcher waits for those of its applications'
+    Ingress deployments (a replica starting during the stop reports at once and must not stand in for a
+    busy one), and another application's deployments are none of its business."""
+    import ray
+
+    import serve_app.run as run
+
+    names = ["SERVE_REPLICA::serve-app#Ingress#a1", "SERVE_REPLICA::serve-app#Ingress#b2",
+             "SERVE_REPLICA::serve-app#Translator#c3", "SERVE_REPLICA::other#Ingress#d4", "SERVE_CONTROLLER_ACTOR"]
+    monkeypatch.setattr(ray.util, "list_named_actors",
+                        lambda all_namespaces=False: [{"name": n, "namespace": "serve"} for n in names])
+    monkeypatch.setattr(ray, "get", lambda value: value)
+    sent: list = []
+    run._drain(_fake_actor(sent, {"a1": {}, "b2": {}, "new": {}}), ["serve-app"], 5.0)
+    assert sent == [("stop", (5.0,)), ("reports", ({"a1", "b2"}, 15.0))]
+    assert "drained 2 of 2 Ingress replica(s)" in capsys.readouterr().out
+
+
+def test_without_replica_names_the_stop_counts_running_replicas_and_skips_an_app_without_ingress(monkeypatch):
+    from types import SimpleNamespace
+
+    import ray
+    from ray import serve
+
+    import serve_app.run as run
+
+    def unreadable(all_namespaces=False):
+        raise RuntimeError("no names")
+
+    ingress = SimpleNamespace(replica_states={"RUNNING": 2})
+    apps = {"serve-app": SimpleNamespace(deployments={"Ingress": ingress}),
+            "other": SimpleNamespace(deployments={"Model": SimpleNamespace(replica_states={"RUNNING": 1})})}
+    monkeypatch.setattr(ray.util, "list_named_actors", unreadable)
+    monkeypatch.setattr(serve, "status", lambda: SimpleNamespace(applications=apps))
+    monkeypatch.setattr(ray, "get", lambda value: value)
+    sent: list = []
+    run._drain(_fake_actor(sent, {"a": {}, "b": {}}), ["serve-app", "other"], 5.0)
     assert sent == [("stop", (5.0,)), ("reports", (2, 15.0))]
+
+
+def test_the_signal_waits_for_the_replicas_it_was_given_not_for_any_as_many():
+    from serve_app.drain_signal import Signal
+
+    async def scenario():
+        signal = Signal()
+        await signal.stop(1.0)
+        reports = asyncio.ensure_future(signal.reports({"busy", "idle"}, timeout_s=5))
+        await signal.report("idle", {})
+        await signal.report("new", {})  # started during the stop
+        await asyncio.sleep(0.05)
+        assert not reports.done()  # two reports in, but not the busy replica's
+        await signal.report("busy", {"in_flight_left": 0})
+        return await reports
+
+    assert set(asyncio.run(scenario())) == {"busy", "idle", "new"}
 
 
 def test_the_application_names_are_read_once_and_a_broken_config_reads_as_none(tmp_path):
