@@ -130,6 +130,9 @@ class ContinuousTranslation:
         stats["model_cpu_s"] += outcome.cpu_seconds
         stats["cancelled"] += outcome.dropped
         replica.metrics.count_cancelled(outcome.dropped)
+        on = self._instruments
+        if on is not None:  # a failed step emptied the caches too (the outcome says 0)
+            on.cached_tokens.set(outcome.cached_tokens, tags=self._tags)
         if outcome.failed:
             replica.health.failed(outcome.error)
             if outcome.fatal:  # the decoding thread stopped: unhealthy now, so that Serve replaces the replica
@@ -142,13 +145,11 @@ class ContinuousTranslation:
         for priority, records in outcome.finished_by_priority.items():
             background = priority >= Priority.BACKGROUND
             stats["computed_background" if background else "computed_interactive"] += records
-        on = self._instruments
         if on is not None:
             if outcome.running:
                 on.running.observe(outcome.running, tags=self._tags)
                 on.step_seconds.observe(outcome.seconds, tags=self._tags)
             on.joins.observe(outcome.joined, tags=self._tags)
-            on.cached_tokens.set(outcome.cached_tokens, tags=self._tags)
             replica.metrics.count_computed(outcome.finished)
 
 

@@ -66,8 +66,6 @@ class _TrackedBatchMethod:
         replica = self._replica
         records = _records_of(item)
         enqueued_at = time.perf_counter()
-        replica._stats["enqueued"] += records
-        replica.metrics.count_enqueued(records)
         interactive = self._priority == Priority.INTERACTIVE
         if interactive:
             replica.interactive.enter()
@@ -77,12 +75,17 @@ class _TrackedBatchMethod:
         # dropped from the model queue there, so that a record is counted either computed or dropped.
         intake = asyncio.ensure_future(self._intake(item))
         try:
+            # Counted once the intake took the call (or it was cancelled there, then counted dropped or
+            # computed): a call the intake refused (larger than an adaptive size that just shrank) is
+            # cut and sent again, and would count twice.
             queued = await asyncio.shield(intake)
+            self._count_enqueued(records)
             output, batch_records, started_at = await asyncio.wrap_future(queued)
             replica.metrics.observe_queue_wait(started_at - enqueued_at)
             return output, batch_records
         except asyncio.CancelledError:
             if queued is None:
+                self._count_enqueued(records)
                 intake.add_done_callback(lambda done: self._drop(done, records))
             elif queued.cancelled():  # in the model queue and not started: dropped, never computed
                 self._count_dropped(records)
@@ -101,6 +104,10 @@ class _TrackedBatchMethod:
             if replica.interactive.calls == 1 and replica._model_thread.alone():
                 return (await self._method.__wrapped__(replica, [item]))[0]
         return await self._method(item)
+
+    def _count_enqueued(self, records: int) -> None:
+        self._replica._stats["enqueued"] += records
+        self._replica.metrics.count_enqueued(records)
 
     def _drop(self, intake: "asyncio.Future[Future]", records: int) -> None:
         """A call cancelled in the intake, once the intake is done: dropped unless its batch started."""

@@ -53,6 +53,10 @@ class PodCpu:
         if not self.available:
             return command
         group = self.path(node_index)
+        if self.version == 2 and not self.base.is_dir():
+            # v2 gives a cgroup's children cpu.* files only where it enables the controller for them
+            self.base.mkdir()
+            (self.base / "cgroup.subtree_control").write_text("+cpu")
         group.mkdir(parents=True, exist_ok=True)
         self.set_shares(node_index, shares)
         return ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(group / "cgroup.procs"), *command]

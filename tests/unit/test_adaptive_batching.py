@@ -1,5 +1,7 @@
 """The AIMD batch-size controller, driven with synthetic batch latencies: no Ray, no clock."""
 
+import asyncio
+
 import pytest
 
 from deployments.adaptive_batching import AIMDBatchSizer, AIMDSettings, p99
@@ -198,3 +200,31 @@ def test_a_queued_piece_the_live_size_shrank_under_is_cut_again(monkeypatch, loo
 
     with pytest.raises(RuntimeError, match="model broke"):  # other errors are not retried
         loop.run_until_complete(replica._submit_pieces(broken, list("ab"), list))
+
+
+def test_a_piece_cut_again_after_a_shrink_counts_its_records_enqueued_once(monkeypatch, loop):
+    """Through Serve's real batch queue: a piece refused for the live size that just shrank is cut and
+    sent again; its records count once, so enqueued = computed + cancelled still holds."""
+    from deployments.batching import Chunk
+    from deployments.settings import TranslationSettings
+    from deployments.translator import Translator
+    from tests.unit.test_length_batching import WordBackend
+
+    monkeypatch.setattr("deployments.translator.load_translation_backend", lambda settings, threads: WordBackend())
+    replica = Translator.func_or_class(TranslationSettings().model_dump())
+    replica.reconfigure({"max_batch_size": 8, "batch_wait_timeout_s": 0.2, "target_p99_batch_latency_s": 100.0,
+                         "skip_batch_wait_when_alone": False})
+
+    async def scenario():
+        first = asyncio.ensure_future(replica.translate(Chunk("en", "pt", ["a1", "a2"])))
+        await asyncio.sleep(0.02)
+        second = asyncio.ensure_future(replica.translate(Chunk("en", "pt", [f"b{i}" for i in range(8)])))
+        await asyncio.sleep(0)  # cut at the live size 8, on its way into Serve's queue
+        replica._sizer.size = 4  # the controller shrinks the live size meanwhile
+        replica._set_live_max_batch_size(4)
+        return await first, await second
+
+    (first, _), (second, _) = loop.run_until_complete(scenario())
+    assert len(first) == 2 and len(second) == 8
+    stats = replica.stats()
+    assert stats["enqueued"] == stats["computed"] + stats["cancelled"] == 10, stats

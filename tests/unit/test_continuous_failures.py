@@ -156,3 +156,32 @@ def test_a_stopped_decoding_thread_fails_the_health_check_at_once(continuous_tra
     with pytest.raises(RuntimeError, match="model calls failed"):
         replica.check_health()
     assert "continuous decoding stopped" in str(_translate_fails(replica, loop, ["Hello."]))  # refused at once
+
+
+def test_a_failed_step_sets_the_cached_tokens_gauge_to_what_the_caches_hold():
+    """A failed step empties the running batch: the gauge must not keep the last step's value."""
+    from types import SimpleNamespace
+
+    from deployments.continuous_batching import StepOutcome
+    from deployments.continuous_translation import ContinuousTranslation
+    from deployments.health import ReplicaHealth
+
+    class Gauge:
+        def __init__(self):
+            self.values = []
+
+        def set(self, value, tags=None):
+            self.values.append(value)
+
+        def observe(self, *args, **kwargs):
+            pass
+
+    gauge = Gauge()
+    instruments = SimpleNamespace(running=Gauge(), step_seconds=Gauge(), joins=Gauge(), cached_tokens=gauge)
+    metrics = SimpleNamespace(count_cancelled=lambda n: None, count_computed=lambda n: None, failed=lambda: None)
+    replica = SimpleNamespace(_stats={"model_cpu_s": 0.0, "cancelled": 0, "computed": 0, "computed_interactive": 0,
+                                      "computed_background": 0}, metrics=metrics, health=ReplicaHealth("Translator"))
+    engine = SimpleNamespace(replica=replica, _instruments=instruments, _tags={"model": "Translator"})
+    ContinuousTranslation._record(engine, StepOutcome(4, 0, 0, {}, 0.1, 0.1, 4096, 0))
+    ContinuousTranslation._record(engine, StepOutcome(0, 0, 0, {}, 0.1, 0.1, 0, 0, True, RuntimeError("boom")))
+    assert gauge.values == [4096, 0]

@@ -136,6 +136,17 @@ def test_pods_get_cpu_shares_as_their_requests_say(tmp_path):
     assert (group / "cpu.shares").read_text() == "512"
 
 
+def test_on_cgroup_v2_the_clusters_group_enables_the_cpu_controller_for_its_pods(tmp_path):
+    """cgroup v2 gives a child cpu.weight only where its parent's subtree_control has +cpu (the root's
+    alone is not enough: the pods are the cluster group's children)."""
+    cpu = PodCpu(7, root=tmp_path)  # no cpu.shares: a v2 root
+    assert cpu.version == 2
+    command = cpu.wrap(0, shares_for(4), ["ray", "start"])
+    assert (tmp_path / "sa7cpu" / "cgroup.subtree_control").read_text() == "+cpu"
+    assert (cpu.path(0) / "cpu.weight").read_text() == str(1 + ((4096 - 2) * 9999) // 262142)
+    assert command[-2:] == ["ray", "start"]
+
+
 @pytest.mark.skipif(os.geteuid() != 0 or PodCpu(0).base is None, reason="needs root and a cpu cgroup controller")
 def test_a_pod_and_its_children_stay_in_its_cgroup_and_it_is_removed():
     cpu = PodCpu(free_cluster_id())
