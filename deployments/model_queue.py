@@ -23,6 +23,11 @@ logger = logging.getLogger("ray.serve")
 #: Batches `ModelQueue.alone` looks back on.
 RECENT_BATCHES = 8
 
+#: A model call still running after this long is taken for hung (a native deadlock, a device that stopped
+#: answering): `ModelQueue.check` fails the replica's health check, so Serve replaces it. Far above any
+#: batch this project measured (the slowest, a degenerate input decoded to its cap, took 34 s).
+HUNG_BATCH_S = 600.0
+
 #: What a batch computation returns for one of its calls: the call's output or the exception it gets.
 Compute = Callable[[list], list]
 
@@ -80,6 +85,7 @@ class ModelQueue:
         self._last_batch_s = 0.0
         self._last_batch_end = 0.0
         self._running = False  # a batch is computing
+        self._batch_started: Optional[float] = None  # when the computing batch started (time.monotonic)
         #: calls in each of the last batches: all 1 means nothing has come in together lately
         self._recent_calls: deque[int] = deque(maxlen=RECENT_BATCHES)
         self._thread = threading.Thread(target=self._work, name=name, daemon=True)
@@ -108,6 +114,16 @@ class ModelQueue:
         a call now has no company coming, so waiting for a batch to fill would only add latency."""
         with self._ready:  # a Condition over an RLock: `waiting()` takes it again
             return not self._running and all(n == 1 for n in self._recent_calls) and not self.waiting()
+
+    def check(self, hung_after_s: float = HUNG_BATCH_S) -> None:
+        """Raise if the model thread can compute nothing more: it has stopped, or its batch has been
+        computing for over `hung_after_s` (every call behind it would wait until its deadline)."""
+        started = self._batch_started
+        if started is not None and time.monotonic() - started > hung_after_s:
+            raise RuntimeError(f"{self._thread.name}: a model call has been running for "
+                               f"{time.monotonic() - started:.0f} s (over {hung_after_s:g} s): taken for hung")
+        if not self._thread.is_alive() and not self._closed:
+            raise RuntimeError(f"{self._thread.name}: the model thread has stopped")
 
     def shutdown(self) -> None:
         with self._ready:
@@ -191,12 +207,15 @@ class ModelQueue:
         records = sum(e.records for e in batch)
         start, cpu_start = time.perf_counter(), time.thread_time()
         error: Optional[BaseException] = None
+        self._batch_started = time.monotonic()
         try:
             outputs = list(batch[0].compute([e.item for e in batch]))
             if len(outputs) != len(batch):
                 raise RuntimeError(f"batch computation returned {len(outputs)} outputs for {len(batch)} calls")
         except BaseException as exc:  # handed to every caller of the batch
             error, outputs = exc, [exc] * len(batch)
+        finally:
+            self._batch_started = None
         end = time.perf_counter()
         seconds, cpu_seconds = end - start, time.thread_time() - cpu_start
         with self._ready:

@@ -62,10 +62,14 @@ class _TrackedBatchMethod:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._method, name)
 
-    async def __call__(self, item: Any) -> Any:
+    async def __call__(self, item: Any, counted: bool = False) -> Any:
+        """`counted`: the records were counted enqueued already (a piece cut again after the intake
+        refused it for a live batch size that shrank: `ModelReplica._submit_pieces`)."""
         replica = self._replica
         records = _records_of(item)
         enqueued_at = time.perf_counter()
+        if not counted:
+            self._count_enqueued(records)
         interactive = self._priority == Priority.INTERACTIVE
         if interactive:
             replica.interactive.enter()
@@ -75,17 +79,12 @@ class _TrackedBatchMethod:
         # dropped from the model queue there, so that a record is counted either computed or dropped.
         intake = asyncio.ensure_future(self._intake(item))
         try:
-            # Counted once the intake took the call (or it was cancelled there, then counted dropped or
-            # computed): a call the intake refused (larger than an adaptive size that just shrank) is
-            # cut and sent again, and would count twice.
             queued = await asyncio.shield(intake)
-            self._count_enqueued(records)
             output, batch_records, started_at = await asyncio.wrap_future(queued)
             replica.metrics.observe_queue_wait(started_at - enqueued_at)
             return output, batch_records
         except asyncio.CancelledError:
             if queued is None:
-                self._count_enqueued(records)
                 intake.add_done_callback(lambda done: self._drop(done, records))
             elif queued.cancelled():  # in the model queue and not started: dropped, never computed
                 self._count_dropped(records)
@@ -200,14 +199,14 @@ class ModelReplica:
         Serve refuses a queued item larger than max_batch_size: if the adaptive size shrank under a
         piece while it waited, the piece is cut again to the new size and resubmitted.
         """
-        async def submit(piece: list) -> list:
+        async def submit(piece: list, counted: bool = False) -> list:
             try:
-                return [await batched(make_item(piece))]
+                return [await (batched(make_item(piece), counted=True) if counted else batched(make_item(piece)))]
             except RuntimeError:
                 size = self._size_for(batched, self.live_max_batch_size())
                 if len(piece) <= size:
                     raise
-                parts = await asyncio.gather(*(submit(part) for part in split(piece, size)))
+                parts = await asyncio.gather(*(submit(part, counted=True) for part in split(piece, size)))
                 return [result for part in parts for result in part]
 
         size = self._size_for(batched, self.live_max_batch_size())
@@ -263,6 +262,7 @@ class ModelReplica:
     def check_health(self) -> None:
         """Serve calls this every health_check_period_s; raising marks the replica unhealthy."""
         self.health.check()
+        self._model_thread.check()  # a model thread stopped or stuck in one call computes nothing more
 
     def __del__(self) -> None:
         """Serve calls this at the end of a graceful shutdown (see ReplicaHealth.shut_down)."""

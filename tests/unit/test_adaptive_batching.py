@@ -184,7 +184,7 @@ def test_a_queued_piece_the_live_size_shrank_under_is_cut_again(monkeypatch, loo
     replica.reconfigure({"max_batch_size": 8, "batch_wait_timeout_s": 0.0, "target_p99_batch_latency_s": 1.0})
     submitted = []
 
-    async def batched(item):
+    async def batched(item, counted=False):
         submitted.append(list(item))
         if len(item) > 3:
             replica._sizer.size = 3  # the controller shrank the live size while this piece waited

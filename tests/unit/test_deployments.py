@@ -3,6 +3,8 @@
 health are tested here without starting Ray."""
 
 import asyncio
+import threading
+import time
 
 import pytest
 
@@ -209,3 +211,32 @@ def test_a_call_cancelled_in_the_intake_is_dropped_from_the_model_queue_and_coun
     assert model_entry.cancelled()
     assert replica._stats["cancelled"] == replica.metrics.cancelled == 3
     assert replica.interactive.calls == 0
+
+
+def test_check_health_fails_while_the_model_is_stuck_in_one_call(translator, loop):
+    """A model call that never returns (a native deadlock) would leave every request to its deadline
+    while the replica looked healthy: past the bound the health check fails, so Serve replaces it."""
+    from deployments import model_queue
+
+    replica, _ = translator
+    release = threading.Event()
+    stuck = replica._model_thread.submit(lambda items: release.wait(30) and items, "x")
+    while replica._model_thread._batch_started is None:
+        time.sleep(0.01)
+    replica.check_health()  # within the bound: a long batch is not a hung one
+    with pytest.raises(RuntimeError, match="taken for hung"):
+        replica._model_thread.check(hung_after_s=0.0)
+    release.set()
+    assert stuck.result(timeout=10)[0] == "x"
+    replica._model_thread.check(hung_after_s=0.0)  # nothing computing: healthy again
+    assert model_queue.HUNG_BATCH_S >= 300
+
+
+def test_check_health_fails_once_the_model_thread_has_stopped(translator):
+    replica, _ = translator
+    queue = replica._model_thread
+    queue._thread = threading.Thread(target=lambda: None)
+    queue._thread.start()
+    queue._thread.join()
+    with pytest.raises(RuntimeError, match="model thread has stopped"):
+        replica.check_health()
