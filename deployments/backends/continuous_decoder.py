@@ -43,6 +43,7 @@ from torch.nn import functional as F
 
 from .batch_cache import BatchCaches, length_groups
 from .generation_rules import UnsupportedModel, ban_, forced_choice, generation_rules, greedy_choice
+from .hf_loading import max_new_tokens_limit
 from .row_attention import RowSpans, use_row_attention
 from .screened_head import ScreenedHead
 
@@ -88,8 +89,7 @@ class ContinuousDecoder:
         self.eos_ids, self.start_id, self.min_length = rules["eos"], rules["start"], rules["min_length"]
         self.forced_eos, self.bad_ids = rules["forced_eos"], rules["bad"]
         #: longest output the decoder's position table allows (Marian's is fixed; M2M100's grows)
-        self.max_new_tokens_limit: Optional[int] = (
-            int(model.config.max_position_embeddings) - 1 if model_type == "marian" else None)
+        self.max_new_tokens_limit: Optional[int] = max_new_tokens_limit(model)
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         long = dict(device=self.device, dtype=torch.long)

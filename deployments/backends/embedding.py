@@ -73,16 +73,14 @@ class SentenceEmbedder(EmbedderBase):
         import torch
         from transformers import AutoModel, AutoTokenizer
 
-        from .hf_loading import ready_to_serve
+        from .hf_loading import ready_to_serve, resolve_device
 
         self.model_path = model_path or packaged_minilm_path()
         if not Path(self.model_path).is_dir():
             raise ModelLoadError(f"embedding model folder not found: {self.model_path}")
         if num_threads:
             torch.set_num_threads(int(num_threads))
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.device = device
+        self.device = device = resolve_device(device)
         try:
             self._tokenizer = AutoTokenizer.from_pretrained(self.model_path, local_files_only=True)
             # (ready_to_serve takes cuDNN attention out on CUDA: every batch is padded to a new width)

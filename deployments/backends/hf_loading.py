@@ -25,19 +25,41 @@ _DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
 
 def resolve_device(device: str = "auto") -> str:
-    """``"auto"`` -> ``"cuda"`` when CUDA is available, else ``"cpu"``.
+    """``"auto"`` -> ``"cuda"`` when CUDA is available (and, inside a Ray worker, when Ray gave it a
+    GPU), else ``"cpu"``.
 
     ``"cpu"``, ``"cuda"`` and ``"cuda:N"`` are returned as given; asking for
     CUDA on a machine without it raises :class:`BackendError`.
     """
     dev = (device or "auto").strip().lower()
     if dev == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        return "cuda" if torch.cuda.is_available() and _ray_gave_a_gpu() is not False else "cpu"
     if not _DEVICE_RE.match(dev):
         raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")
     if dev.startswith("cuda") and not torch.cuda.is_available():
         raise BackendError(f"device {device!r} requested but CUDA is not available")
     return dev
+
+
+def _ray_gave_a_gpu() -> bool | None:
+    """Whether Ray assigned this worker a GPU; None outside Ray. Ray 2.60 no longer hides the GPUs from
+    a worker that asked for none (CUDA_VISIBLE_DEVICES is left alone), so CUDA alone would put a CPU
+    replica on GPU 0, beside the replicas Ray gave it to."""
+    try:
+        import ray
+
+        if not ray.is_initialized():
+            return None
+        return bool(ray.get_runtime_context().get_accelerator_ids().get("GPU"))
+    except Exception:  # noqa: BLE001 - no Ray, or no runtime context: decide by CUDA alone
+        return None
+
+
+def max_new_tokens_limit(model) -> int | None:
+    """The longest output the decoder's position table allows: Marian's is fixed (max_position_embeddings,
+    position 0 the start token); M2M100's and NLLB's grow with the output (None)."""
+    config = model.config
+    return int(config.max_position_embeddings) - 1 if getattr(config, "model_type", None) == "marian" else None
 
 
 def resolve_dtype(dtype: str = "auto", device: str = "cpu") -> torch.dtype:

@@ -18,7 +18,8 @@ import torch
 from .base import BackendError, LanguagePair, TranslationBackend
 from .cpu_linears import weight_layout
 from .heap import DECODING_TRIM_AFTER_TOKENS, trim_after_batch
-from .hf_loading import load_seq2seq, load_tokenizer, model_source, resolve_device, resolve_dtype
+from .hf_loading import (load_seq2seq, load_tokenizer, max_new_tokens_limit, model_source, resolve_device,
+                         resolve_dtype)
 from .languages import Languages, detect_family, parse_language_pair, source_language_code
 from .screened_head import screened_generate
 
@@ -98,8 +99,9 @@ class TransformersBackend(TranslationBackend):
         self._pair = languages.pair  # single-pair families
         self._lang_id_set = frozenset(self._lang_token_ids.values())
         self.max_input_length = self._max_input_length()
-        # Every call passes max_new_tokens; a checkpoint's max_length (200/512 on the
-        # hub) would only trigger a "both set" warning on each generate.
+        if (limit := max_new_tokens_limit(self.model)) is not None and self.max_new_tokens > limit:
+            raise ValueError(f"max_new_tokens={self.max_new_tokens}: {self._model_id!r} decodes at most {limit} tokens")
+        # Every call passes max_new_tokens; a checkpoint's max_length would only warn "both set" at each generate.
         self.model.generation_config.max_length = None
 
     def _load(self, model: str, local_files_only: bool):

@@ -192,6 +192,15 @@ def test_invalid_generation_settings(tiny_m2m100_dir):
         TransformersBackend(str(tiny_m2m100_dir), device="cpu", num_beams=0)
 
 
+def test_a_marian_output_past_its_position_table_is_refused_at_load(tiny_marian_dir, tiny_m2m100_dir):
+    """Marian's decoder positions are a fixed table (512 here): a longer output would crash its batch
+    mid-decode, so such a max_new_tokens is a configuration error. M2M100's positions grow."""
+    with pytest.raises(ValueError, match="max_new_tokens=600.*decodes at most 511 tokens"):
+        TransformersBackend(str(tiny_marian_dir), device="cpu", local_files_only=True, max_new_tokens=600)
+    TransformersBackend(str(tiny_marian_dir), device="cpu", local_files_only=True, max_new_tokens=511)
+    TransformersBackend(str(tiny_m2m100_dir), device="cpu", local_files_only=True, max_new_tokens=600)
+
+
 def test_num_threads(make_backend, tiny_m2m100_dir):
     before = torch.get_num_threads()
     try:
@@ -405,6 +414,21 @@ def test_auto_device_and_dtype_with_cuda(monkeypatch):
     assert resolve_dtype("auto", device) == torch.float16
     assert resolve_device("cuda:1") == "cuda:1"
     assert resolve_device("cpu") == "cpu"
+
+
+@pytest.mark.parametrize("gpus, expected", [([], "cpu"), (["0"], "cuda")])
+def test_auto_device_inside_ray_follows_the_gpus_ray_gave(monkeypatch, gpus, expected):
+    """Ray 2.60 leaves a GPU-less worker's CUDA_VISIBLE_DEVICES alone: on a GPU node a CPU replica sees
+    CUDA, and `auto` must not put it on GPU 0 beside the replicas Ray gave that GPU to."""
+    from types import SimpleNamespace
+
+    import ray
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    context = SimpleNamespace(get_accelerator_ids=lambda: {"GPU": gpus})
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: context)
+    assert resolve_device("auto") == expected
 
 
 def test_auto_device_and_dtype_without_cuda(monkeypatch):
