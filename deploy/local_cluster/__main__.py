@@ -34,10 +34,24 @@ def main(argv: list[str] | None = None) -> int:
     if ns.cleanup:
         print(f"removed {len(removed)} stale namespaces/links" + (f": {', '.join(removed)}" if removed else ""))
         return 0
-    stop = threading.Event()
+    stop, serving = threading.Event(), threading.Event()
+
+    def on_signal(signum, frame) -> None:
+        if not serving.is_set():  # still starting (minutes at worst): stop now, removing what was made
+            raise KeyboardInterrupt(f"signal {signum}")
+        stop.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, on_signal)
     workdir = Path(tempfile.mkdtemp(prefix="sa-cluster-", dir="/tmp"))
+    try:
+        return _serve(ns, workdir, stop, serving)
+    except KeyboardInterrupt:
+        print("stopped while starting; every namespace and process it made is removed", file=sys.stderr)
+        return 130
+
+
+def _serve(ns: argparse.Namespace, workdir: Path, stop: threading.Event, serving: threading.Event) -> int:
     with LocalCluster(ns.manifest, workdir, workers=ns.workers) as cluster:
         cluster.submit_serve()
         print(f"Serve application RUNNING {cluster.wait_running(600):.0f} s after submission")
@@ -50,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{cluster.api_key}' -H 'content-type: application/json' -d '{{\"payload\": {{\"fromLang\": \"en\", "
               f"\"toLang\": \"pt\", \"records\": [{{\"id\": \"1\", \"text\": \"Hello\"}}]}}}}'")
         print("Ctrl-C stops it and removes every namespace and process it made.", flush=True)
+        serving.set()
         stop.wait()
     return 0
 

@@ -166,3 +166,42 @@ def test_a_pod_and_its_children_stay_in_its_cgroup_and_it_is_removed():
             time.sleep(0.05)
         cpu.remove()
     assert not cpu.base.exists()
+
+
+def test_a_stop_asked_for_while_the_cluster_starts_stops_it_then(monkeypatch, tmp_path):
+    """Start-up can take minutes (nodes, then Serve): Ctrl-C or SIGTERM then stops it at once, removing
+    what was made, instead of waiting for the start to end."""
+    import signal
+    import threading
+    import time
+
+    import deploy.local_cluster.__main__ as launcher
+
+    stopped = []
+
+    class SlowToStart:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def __enter__(self):
+            try:
+                time.sleep(30)  # as LocalCluster.start waits for its nodes
+            except BaseException:
+                stopped.append(time.monotonic())  # LocalCluster.__enter__ stops on any exception
+                raise
+
+        def __exit__(self, *exc):
+            pass
+
+    monkeypatch.setattr(launcher, "LocalCluster", SlowToStart)
+    monkeypatch.setattr(launcher, "cleanup_stale", lambda: [])
+    monkeypatch.setattr(launcher.tempfile, "mkdtemp", lambda **kwargs: str(tmp_path))
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        start = time.monotonic()
+        threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()
+        assert launcher.main([]) == 130
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    assert stopped and stopped[0] - start < 5
