@@ -188,10 +188,20 @@ def cleanup_stale() -> list[str]:
 
 
 def free_cluster_id() -> int:
-    """The lowest cluster id no live cluster on this machine uses."""
+    """The lowest cluster id no live cluster on this machine uses, reserved for this process: its state
+    file is created here, exclusively (two clusters starting at once would otherwise both take an id, and
+    the one whose bridge then failed to be created would remove the other's on its way out)."""
     cleanup_stale()
-    taken = {int(p.stem) for p in STATE_DIR.glob("*.json")} if STATE_DIR.exists() else set()
-    return next(i for i in range(1, 512) if i not in taken)
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    for cluster_id in range(1, 512):
+        try:
+            fd = os.open(STATE_DIR / f"{cluster_id}.json", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            continue
+        with os.fdopen(fd, "w") as state:
+            json.dump({"pid": os.getpid(), "namespaces": [], "links": [], "extra_pids": []}, state)
+        return cluster_id
+    raise RuntimeError(f"no free cluster id: 511 clusters recorded in {STATE_DIR}")
 
 
 def _alive(pid: int) -> bool:

@@ -16,6 +16,7 @@ import yaml
 
 from deploy.local_cluster import manifest as mf
 from deploy.local_cluster.cpu import PodCpu, shares_for
+from deploy.local_cluster import netns
 from deploy.local_cluster.netns import BENCHMARK_NET, PodNetwork, free_cluster_id, leftovers, subnet_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -149,7 +150,8 @@ def test_on_cgroup_v2_the_clusters_group_enables_the_cpu_controller_for_its_pods
 
 @pytest.mark.skipif(os.geteuid() != 0 or PodCpu(0).base is None, reason="needs root and a cpu cgroup controller")
 def test_a_pod_and_its_children_stay_in_its_cgroup_and_it_is_removed():
-    cpu = PodCpu(free_cluster_id())
+    cluster_id = free_cluster_id()
+    cpu = PodCpu(cluster_id)
     proc = subprocess.Popen(cpu.wrap(0, 2048, ["sh", "-c", "sleep 30 & wait"]))
     try:
         procs = cpu.path(0) / "cgroup.procs"
@@ -165,7 +167,17 @@ def test_a_pod_and_its_children_stay_in_its_cgroup_and_it_is_removed():
         while procs.read_text().split() and time.monotonic() < deadline:
             time.sleep(0.05)
         cpu.remove()
+        (netns.STATE_DIR / f"{cluster_id}.json").unlink(missing_ok=True)  # the id's reservation
     assert not cpu.base.exists()
+
+
+def test_two_clusters_starting_at_once_get_different_ids(tmp_path, monkeypatch):
+    """The id is reserved (its state file created exclusively) when it is chosen, not when the bridge is."""
+    monkeypatch.setattr(netns, "STATE_DIR", tmp_path / "state")
+    first, second = free_cluster_id(), free_cluster_id()
+    assert first != second
+    (tmp_path / "state" / f"{first}.json").unlink()
+    assert free_cluster_id() == first  # a released id is free again
 
 
 def test_a_stop_asked_for_while_the_cluster_starts_stops_it_then(monkeypatch, tmp_path):
