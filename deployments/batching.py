@@ -8,8 +8,13 @@ model call per group, and the outputs scattered back to their items in order.
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
-from typing import Callable, Hashable, NamedTuple, Sequence, TypeVar
+from typing import Callable, Hashable, NamedTuple, Sequence, TypeVar, Union
+
+from .errors import describe_exception
+
+logger = logging.getLogger("ray.serve")
 
 R = TypeVar("R")
 K = TypeVar("K", bound=Hashable)
@@ -42,26 +47,56 @@ def run_grouped(
     keys: Sequence[K],
     items: Sequence[Sequence[str]],
     run: Callable[[K, list[str]], Sequence[R]],
-) -> list[list[R]]:
+    *,
+    isolate: bool = False,
+) -> list[Union[list[R], Exception]]:
     """Run `run(key, texts)` once per distinct key over all items with that key.
 
     `keys[i]` is item i's key. Returns, for each item, its outputs in the
     order of its texts. Raises if `run` returns the wrong number of outputs.
+
+    `isolate=True`: a group's failure (an `Exception`) stays with its own items. A group of several
+    items that raises is re-run one item at a time; each item gets its outputs or its own exception
+    (as a value), and items of other groups keep theirs (what `ModelQueue` hands each caller).
     """
     if len(keys) != len(items):
         raise ValueError("one key per item is required")
     groups: "OrderedDict[K, list[int]]" = OrderedDict()
     for index, key in enumerate(keys):
         groups.setdefault(key, []).append(index)
-    results: list[list[R]] = [[] for _ in items]
+    results: list[Union[list[R], Exception]] = [[] for _ in items]
     for key, indices in groups.items():
-        texts = [text for i in indices for text in items[i]]
-        outputs = list(run(key, texts))
-        if len(outputs) != len(texts):
-            raise RuntimeError(f"model returned {len(outputs)} outputs for {len(texts)} inputs")
+        try:
+            outputs = _run_checked(run, key, [text for i in indices for text in items[i]])
+        except Exception as exc:
+            if not isolate:
+                raise
+            if len(indices) == 1:
+                results[indices[0]] = exc
+                continue
+            # The class and place, not the message: it may quote the inputs (deployments/errors.py).
+            logger.warning("a model call for %d calls raised %s; running each call alone", len(indices),
+                           describe_exception(exc))
+            for i in indices:
+                results[i] = _run_alone(run, key, list(items[i]))
+            continue
         offset = 0
         for i in indices:
             n = len(items[i])
             results[i] = outputs[offset:offset + n]
             offset += n
     return results
+
+
+def _run_checked(run: Callable[[K, list[str]], Sequence[R]], key: K, texts: list[str]) -> list[R]:
+    outputs = list(run(key, texts))
+    if len(outputs) != len(texts):
+        raise RuntimeError(f"model returned {len(outputs)} outputs for {len(texts)} inputs")
+    return outputs
+
+
+def _run_alone(run: Callable[[K, list[str]], Sequence[R]], key: K, texts: list[str]) -> Union[list[R], Exception]:
+    try:
+        return _run_checked(run, key, texts)
+    except Exception as exc:
+        return exc

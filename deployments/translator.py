@@ -58,11 +58,13 @@ class Translator(ModelReplica):
             batched, chunk.texts, lambda piece: Chunk(chunk.source, chunk.target, piece))
         return [text for texts, _ in results for text in texts], max(size for _, size in results)
 
-    def _translate_items(self, chunks: list[Chunk]) -> list[list[str]]:
+    def _translate_items(self, chunks: list[Chunk]) -> list[list[str] | Exception]:
         """On the model thread: one batch of calls (they may mix language pairs), one model call per
-        pair; each call's translations in order."""
+        pair; each call's translations in order. A pair's model call that raises is re-run call by
+        call: each call gets its translations or its own exception, and calls of other pairs keep
+        theirs (the batch counts as failed for check_health only if every call failed)."""
         return run_grouped([(c.source, c.target) for c in chunks], [c.texts for c in chunks],
-                           lambda pair, texts: self._translate_texts(texts, pair[0], pair[1]))
+                           lambda pair, texts: self._translate_texts(texts, pair[0], pair[1]), isolate=True)
 
     def _translate_texts(self, texts: list[str], source: str, target: str) -> list[str]:
         """One language pair's records of a batch: one model call, or with `max_batch_tokens` set,

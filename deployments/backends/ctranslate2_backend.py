@@ -217,6 +217,8 @@ class CTranslate2Backend(TransformersBackend):
         vocabulary = self._vocabulary(self.converted_path)
         self._id_to_token = vocabulary
         self._token_to_id = {token: i for i, token in enumerate(vocabulary)}
+        # ids the conversion dropped (Marian's <pad>, which the tokenizer gives for "<pad>" in a text)
+        self._unk_token = tokenizer.unk_token if tokenizer.unk_token in self._token_to_id else "<unk>"
         return tokenizer, _ModelFacts(config, generation)
 
     @staticmethod
@@ -252,10 +254,6 @@ class CTranslate2Backend(TransformersBackend):
 
     def _generate_encoded(self, encoded: list[list[int]], target: str) -> list[list[int]]:
         """Same rows as transformers' generate: decoder start token, forced language token, tokens, EOS."""
-        sources = [[self._id_to_token[i] for i in ids] for ids in encoded]
-        prefix = None
-        if self.family in ("m2m100", "nllb"):
-            prefix = [[self._id_to_token[self._lang_token_ids[target]]]] * len(sources)
         # transformers counts the forced language token and EOS in max_new_tokens, so does
         # CTranslate2's max_decoding_length; a forced EOS takes the last step of the budget.
         max_length = self.max_new_tokens - (1 if self._forced_eos is not None else 0)
@@ -269,7 +267,12 @@ class CTranslate2Backend(TransformersBackend):
         }
         if self._suppress:
             options["suppress_sequences"] = self._suppress
+        vocabulary, unk = self._id_to_token, self._unk_token
         try:
+            sources = [[vocabulary[i] if 0 <= i < len(vocabulary) else unk for i in ids] for ids in encoded]
+            prefix = None
+            if self.family in ("m2m100", "nllb"):
+                prefix = [[vocabulary[self._lang_token_ids[target]]]] * len(sources)
             results = self.translator.translate_batch(sources, target_prefix=prefix, **options)
         except Exception as exc:  # noqa: BLE001
             raise BackendError(f"generation failed for {self._model_id!r}: {type(exc).__name__}: {exc}") from exc

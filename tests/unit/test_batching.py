@@ -35,3 +35,31 @@ def test_run_grouped_one_model_call_per_pair_and_scatter_in_order():
 def test_run_grouped_rejects_wrong_output_count():
     with pytest.raises(RuntimeError, match="1 outputs for 2 inputs"):
         run_grouped(["k"], [["a", "b"]], lambda k, texts: ["only one"])
+
+
+def test_run_grouped_isolate_keeps_a_failure_with_its_own_items():
+    calls = []
+
+    def run(pair, texts):
+        calls.append(list(texts))
+        if "boom" in texts:
+            raise ValueError("boom")
+        return [t.upper() for t in texts]
+
+    keys = [("en", "pt"), ("pt", "en"), ("en", "pt"), ("en", "pt")]
+    out = run_grouped(keys, [["a"], ["boom"], ["b", "boom"], ["c"]], run, isolate=True)
+    assert out[0] == ["A"] and out[3] == ["C"]
+    assert isinstance(out[1], ValueError) and isinstance(out[2], ValueError)
+    assert calls == [["a", "b", "boom", "c"], ["a"], ["b", "boom"], ["c"], ["boom"]]
+    # a wrong output count is the group's failure too; without isolate it still raises
+    assert isinstance(run_grouped(["k"], [["a", "b"]], lambda k, texts: ["one"], isolate=True)[0], RuntimeError)
+    with pytest.raises(ValueError, match="boom"):
+        run_grouped(keys, [["a"], ["boom"], ["b"], ["c"]], run)
+
+
+def test_run_grouped_isolate_lets_interrupts_through():
+    def run(key, texts):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_grouped(["k", "k"], [["a"], ["b"]], run, isolate=True)

@@ -179,3 +179,14 @@ def test_settings_need_a_model_and_a_known_compute_type():
         TranslationSettings(backend="ctranslate2")
     with pytest.raises(ValueError, match="ctranslate2_compute_type"):
         TranslationSettings(backend="ctranslate2", model="x", ctranslate2_compute_type="int3")
+
+
+def test_marian_pad_in_a_text_is_unknown_not_a_failed_batch(tiny_marian_dir, make_ct2):
+    """The Marian conversion drops <pad> from the vocabulary, while the tokenizer gives its id for
+    "<pad>" written in a text: that record reads it as unknown, and its batch still translates."""
+    ct2 = make_ct2(tiny_marian_dir, compute_type="float32")
+    pad_id = ct2.tokenizer.pad_token_id
+    assert pad_id in ct2.tokenizer("a <pad> b")["input_ids"] and pad_id >= len(ct2._id_to_token)
+    together = ct2.translate(["a <pad> b", "Hello."], "en", "de")
+    assert len(together) == 2 and all(isinstance(text, str) for text in together)
+    assert together[1] == ct2.translate(["Hello."], "en", "de")[0]

@@ -1,0 +1,76 @@
+"""Translator batches that mix callers: a language pair's model call that raises fails only the
+calls that still fail alone, never the other callers of the batch (deployments/batching.py)."""
+
+import asyncio
+import threading
+
+import pytest
+
+from deployments.batching import Chunk
+from deployments.model_queue import ModelQueue
+
+from .test_deployments import RecordingBackend, translator  # noqa: F401 - the fixture
+
+
+class BoomBackend(RecordingBackend):
+    """Raises for any model call holding the text "boom" (a poisoned record)."""
+
+    def translate(self, texts, source, target):
+        if "boom" in texts:
+            self.batches.append(("raised", source, target, list(texts)))
+            raise RuntimeError("boom in the model")
+        return super().translate(texts, source, target)
+
+
+POISONED_BATCH = [Chunk("en", "pt", ["ok"]), Chunk("pt", "en", ["boom"]), Chunk("en", "pt", ["fine", "boom"])]
+
+
+def test_a_failing_pair_fails_only_its_own_poisoned_calls(translator):
+    replica, _ = translator
+    replica.backend = backend = BoomBackend()
+    first, second, third = replica._translate_items(POISONED_BATCH)
+    assert first == ["pt:ok"]
+    assert isinstance(second, RuntimeError) and isinstance(third, RuntimeError)
+    # one call per pair; the failed en->pt group is re-run call by call, the lone pt->en is not re-run
+    assert backend.batches == [("raised", "en", "pt", ["ok", "fine", "boom"]), ("en", "pt", ["ok"]),
+                               ("raised", "en", "pt", ["fine", "boom"]), ("raised", "pt", "en", ["boom"])]
+
+
+def test_a_poisoned_call_keeps_the_batch_healthy_and_interrupts_still_propagate(translator):
+    replica, _ = translator
+    replica.backend = BoomBackend()
+    outcomes = []
+    queue = ModelQueue("boom-test", on_batch=outcomes.append)
+    release = threading.Event()
+    try:
+        queue.submit(lambda items: [release.wait(10)] * len(items), "busy")  # the next calls join one batch
+        futures = [queue.submit(replica._translate_items, chunk, len(chunk.texts), cap=8) for chunk in POISONED_BATCH]
+        release.set()
+        assert futures[0].result(timeout=10)[0] == ["pt:ok"]
+        for future in futures[1:]:
+            with pytest.raises(RuntimeError, match="boom in the model"):
+                future.result(timeout=10)
+        assert outcomes[-1].records == 4 and not outcomes[-1].failed  # not every call failed
+    finally:
+        queue.shutdown()
+
+    def interrupted(texts, source, target):
+        raise KeyboardInterrupt
+
+    replica.backend.translate = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        replica._translate_items(POISONED_BATCH)
+
+
+def test_concurrent_callers_of_a_poisoned_batch_get_their_own_results(translator, loop):
+    replica, _ = translator
+    replica.backend = BoomBackend()
+
+    async def go():
+        return await asyncio.gather(*(replica.translate(chunk) for chunk in POISONED_BATCH), return_exceptions=True)
+
+    first, second, third = loop.run_until_complete(go())
+    assert first == (["pt:ok"], 4)
+    assert isinstance(second, RuntimeError) and isinstance(third, RuntimeError)
+    assert replica.health.failures_in_a_row == 0
+    replica.check_health()
