@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .base import BackendError, ModelLoadError
-from .hf_loading import load_tokenizer, model_source
+from .hf_loading import load_tokenizer, model_source, weight_files
 from .transformers_backend import TransformersBackend
 
 logger = logging.getLogger(__name__)
@@ -38,8 +38,6 @@ AUTO_COMPUTE_TYPE = {"cpu": "int8", "cuda": "float16"}
 COMPUTE_TYPES = (
     "auto", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16", "float32",
 )
-#: files whose size and mtime identify a local checkpoint (a changed model is converted again)
-_FINGERPRINT_FILES = ("config.json", "generation_config.json", "model.safetensors", "pytorch_model.bin")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
@@ -81,11 +79,9 @@ def converted_model_dir(source: str, quantization: str, cache_dir: str | os.Path
     if folder.is_dir():
         folder = folder.resolve()
         parts[0] = str(folder)
-        for name in _FINGERPRINT_FILES:
-            path = folder / name
-            if path.exists():
-                stat = path.stat()
-                parts.append(f"{name}:{stat.st_size}:{stat.st_mtime_ns}")
+        for path in weight_files(folder):
+            stat = path.stat()
+            parts.append(f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}")
     key = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
     name = _UNSAFE.sub("_", Path(str(source).rstrip("/")).name or "model")[:60]
     return Path(cache_dir).expanduser() / f"{name}-{quantization}-{key}"

@@ -100,14 +100,14 @@ def mean_pooled(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
 
 def model_key(folder: Path) -> str:
     """The hash of a model folder's weights and config: an export is reused only for the same model."""
+    from .hf_loading import weight_files
+
     digest = hashlib.sha256()
-    for name in ("config.json", "model.safetensors", "pytorch_model.bin"):
-        path = folder / name
-        if path.is_file():
-            digest.update(name.encode())
-            with path.open("rb") as f:
-                for block in iter(lambda: f.read(1 << 20), b""):
-                    digest.update(block)
+    for path in weight_files(folder):
+        digest.update(path.name.encode())
+        with path.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
     return digest.hexdigest()[:24]
 
 

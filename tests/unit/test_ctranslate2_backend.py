@@ -129,6 +129,23 @@ def test_cache_key_follows_model_quantization_and_files(tiny_marian_dir, tmp_pat
         os.utime(config, ns=(stat.st_atime_ns, stat.st_mtime_ns))
 
 
+def test_cache_keys_follow_every_weights_shard(tmp_path):
+    """A checkpoint in shards (model-0000x-of-0000n.safetensors and their index): a changed shard is a
+    changed model, for the CTranslate2 conversion and the ONNX export alike."""
+    from deployments.backends import embedding_onnx
+
+    model = tmp_path / "sharded"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors.index.json").write_text("{}")
+    for shard in (1, 2):
+        (model / f"model-0000{shard}-of-00002.safetensors").write_bytes(b"weights")
+    converted, key = converted_model_dir(str(model), "int8", tmp_path / "cache"), embedding_onnx.model_key(model)
+    (model / "model-00002-of-00002.safetensors").write_bytes(b"other weights")
+    assert converted_model_dir(str(model), "int8", tmp_path / "cache") != converted
+    assert embedding_onnx.model_key(model) != key
+
+
 def test_replicas_converting_at_once_get_one_complete_model(tiny_marian_dir, tmp_path):
     # replicas are processes: three convert the same model into the same cache at once
     code = ("import sys; from deployments.backends.ctranslate2_backend import convert_once; "
