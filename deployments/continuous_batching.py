@@ -98,7 +98,7 @@ class ContinuousScheduler:
         self.max_running_sequences = int(max_running_sequences)
         self.max_cached_tokens = max_cached_tokens
         self.join_interval_steps = int(join_interval_steps)
-        self._steps_since_join = 0
+        self._steps_since_join, self.iteration_began = 0, time.monotonic()  # (the latter: for health checks)
         #: most job (background) sequences in the running batch; None: no cap of their own
         self.max_background_sequences: Optional[int] = None
         #: per-sequence decode limits; default: the same for every sequence (the backend's settings)
@@ -218,7 +218,7 @@ class ContinuousScheduler:
             self._report(StepOutcome(0, 0, 0, {}, 0.0, 0.0, 0, failed=True, error=self._broken, fatal=True))
 
     def _iterate(self, joining: list[DecodeRequest], rebuild: bool = True) -> None:
-        start, cpu_start = time.perf_counter(), time.thread_time()
+        start, cpu_start, self.iteration_began = time.perf_counter(), time.thread_time(), time.monotonic()
         gone = {r.request.tag for r in self.decoder.rows if r.request.tag[0].future.done()}  # cancelled or failed
         with self._cond:
             dropped, self._dropped = self._dropped + sum(tag[0].future.cancelled() for tag in gone), 0

@@ -14,11 +14,13 @@ import asyncio
 import contextlib
 import functools
 import logging
+import time
 from typing import Any, Optional
 
 from .batching import Chunk
 from .continuous_batching import ContinuousScheduler, StepOutcome
 from .health import FAILURES_BEFORE_UNHEALTHY
+from .model_queue import HUNG_BATCH_S
 from .priority import Priority
 
 logger = logging.getLogger("ray.serve")
@@ -110,6 +112,15 @@ class ContinuousTranslation:
                 "row_attention": self.scheduler.decoder.row_attention,
                 "running": self.scheduler.decoder.running,
                 "waiting": sum(self.scheduler.waiting().values())}
+
+    def check(self, hung_after_s: float = HUNG_BATCH_S) -> None:
+        """Raise while one decoding iteration, sentences running, has gone on for over `hung_after_s`
+        (a step that never returns: every caller would wait until its deadline)."""
+        scheduler = self.scheduler
+        running_s = time.monotonic() - scheduler.iteration_began
+        if scheduler.decoder.running and running_s > hung_after_s:
+            raise RuntimeError(f"continuous decoding: one step has been running for {running_s:.0f} s "
+                               f"(over {hung_after_s:g} s): taken for hung")
 
     def shutdown(self) -> None:
         self.scheduler.shutdown()

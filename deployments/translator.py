@@ -47,6 +47,11 @@ class Translator(ModelReplica):
     def _batched_methods(self):
         return [self._translate_batch, self._translate_background_batch]
 
+    def check_health(self) -> None:
+        super().check_health()
+        if self._continuous is not None:  # its decoding loop, not the model thread, computes
+            self._continuous.check()
+
     async def translate(self, chunk: Chunk, background: bool = False) -> tuple[list[str], int]:
         """Translate one chunk; returns the texts and the largest model batch they rode in.
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from concurrent.futures import TimeoutError as FutureTimeout
 
 import pytest
@@ -185,3 +186,26 @@ def test_a_failed_step_sets_the_cached_tokens_gauge_to_what_the_caches_hold():
     ContinuousTranslation._record(engine, StepOutcome(4, 0, 0, {}, 0.1, 0.1, 4096, 0))
     ContinuousTranslation._record(engine, StepOutcome(0, 0, 0, {}, 0.1, 0.1, 0, 0, True, RuntimeError("boom")))
     assert gauge.values == [4096, 0]
+
+
+def test_a_decoding_step_that_never_returns_fails_the_health_check(continuous_translator):
+    """A step stuck in native code would leave every caller to its deadline: past the bound, the health
+    check fails, so Serve replaces the replica."""
+    replica = continuous_translator
+    scheduler, release = replica._continuous.scheduler, threading.Event()
+    step = scheduler.decoder.step
+
+    def stuck(**kwargs):
+        release.wait(30)
+        return step(**kwargs)
+    scheduler.decoder.step = stuck
+    call = scheduler.submit(["Hello."], "en", "de")
+    try:
+        while not scheduler.decoder.running:
+            time.sleep(0.01)
+        replica.check_health()  # within the bound: a long step is not a hung one
+        with pytest.raises(RuntimeError, match="taken for hung"):
+            replica._continuous.check(hung_after_s=0.0)
+    finally:
+        release.set()
+    call.result(timeout=30)
