@@ -112,8 +112,10 @@ def _converter_class():
     return _Converter
 
 
-def convert_once(source: str, quantization: str, cache_dir: str | os.PathLike) -> Path:
-    """The converted model's folder; converts ``source`` first unless the cache has it."""
+def convert_once(source: str, quantization: str, cache_dir: str | os.PathLike, local_files_only: bool = False) -> Path:
+    """The converted model's folder; converts ``source`` first unless the cache has it. With
+    ``local_files_only``, a hub id is converted from its folder in the local hub cache: CTranslate2's
+    converter would ask the hub otherwise (retrying for minutes on an air-gapped cluster)."""
     target = converted_model_dir(source, quantization, cache_dir)
     if (target / "model.bin").exists():
         return target
@@ -121,6 +123,10 @@ def convert_once(source: str, quantization: str, cache_dir: str | os.PathLike) -
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         logger.info("converting %s to CTranslate2 (%s) in %s", source, quantization, target)
+        if local_files_only and not Path(source).is_dir():
+            from huggingface_hub import snapshot_download
+
+            source = snapshot_download(source, local_files_only=True)
         _converter_class()(source).convert(str(tmp), quantization=quantization, force=True)
         try:
             os.rename(tmp, target)
@@ -195,7 +201,7 @@ class CTranslate2Backend(TransformersBackend):
             generation = GenerationConfig.from_model_config(config)
 
         self.compute_type = resolve_compute_type(self._compute_type_setting, self.device)
-        self.converted_path = convert_once(source, self.compute_type, self._cache_dir)
+        self.converted_path = convert_once(source, self.compute_type, self._cache_dir, local_files_only)
         kind, _, index = self.device.partition(":")
         try:
             self.translator = ctranslate2.Translator(

@@ -207,3 +207,37 @@ def test_marian_pad_in_a_text_is_unknown_not_a_failed_batch(tiny_marian_dir, mak
     together = ct2.translate(["a <pad> b", "Hello."], "en", "de")
     assert len(together) == 2 and all(isinstance(text, str) for text in together)
     assert together[1] == ct2.translate(["Hello."], "en", "de")[0]
+
+
+#: in a process of its own: the hub cache is read from the environment when huggingface_hub is imported
+_OFFLINE_HUB_LOAD = """
+import shutil, socket, sys
+tiny, hub, ct2 = sys.argv[1:4]
+snapshot = f"{hub}/models--fake-org--opus-mt-en-de/snapshots/" + "a" * 40
+shutil.copytree(tiny, snapshot)
+with open(f"{hub}/models--fake-org--opus-mt-en-de/refs/main", "w") as ref:
+    ref.write("a" * 40)
+import traceback
+attempts = []  # by the conversion (huggingface_hub's own user-agent lookup is not ours to stop)
+def blocked(address, *args, **kwargs):
+    if any("ctranslate2/converters" in frame.filename for frame in traceback.extract_stack()):
+        attempts.append(address)
+    raise ConnectionRefusedError("offline")
+socket.create_connection = blocked
+from deployments.backends.ctranslate2_backend import CTranslate2Backend
+backend = CTranslate2Backend("fake-org/opus-mt-en-de", device="cpu", local_files_only=True, max_new_tokens=4,
+                             cache_dir=ct2, compute_type="float32")
+print(len(backend.translate(["Hello."], "en", "de")), len(attempts))
+"""
+
+
+def test_a_hub_model_is_converted_from_the_local_cache_without_asking_the_hub(tiny_marian_dir, tmp_path):
+    """local_files_only: never contact the hub, the conversion included (CTranslate2's converter loads the
+    model by its id, and on an air-gapped cluster would retry for minutes)."""
+    hub = tmp_path / "hub"
+    (hub / "models--fake-org--opus-mt-en-de" / "refs").mkdir(parents=True)
+    env = {**os.environ, "HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "0"}
+    done = subprocess.run([sys.executable, "-c", _OFFLINE_HUB_LOAD, str(tiny_marian_dir), str(hub), str(tmp_path / "ct2")],
+                          env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-2:] == ["1", "0"]  # translated, the conversion attempting no connection
