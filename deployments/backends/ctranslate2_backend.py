@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .base import BackendError, ModelLoadError
-from .hf_loading import load_tokenizer, model_source, weight_files
+from .checkpoint_files import weight_files
+from .hf_loading import load_tokenizer, model_source
 from .transformers_backend import TransformersBackend
 
 logger = logging.getLogger(__name__)

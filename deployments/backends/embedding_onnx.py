@@ -21,6 +21,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from .base import ModelLoadError
+from .checkpoint_files import weight_files
 from .embedding import EmbedderBase, packaged_minilm_path
 from .heap import EMBEDDING_TRIM_AFTER_TOKENS, trim_after_batch
 
@@ -100,8 +101,6 @@ def mean_pooled(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
 
 def model_key(folder: Path) -> str:
     """The hash of a model folder's weights and config: an export is reused only for the same model."""
-    from .hf_loading import weight_files
-
     digest = hashlib.sha256()
     for path in weight_files(folder):
         digest.update(path.name.encode())

@@ -107,14 +107,6 @@ def _looks_like_path(model: str) -> bool:
     return model.startswith(("/", ".", "~")) or Path(model).is_absolute()
 
 
-def weight_files(folder: Path) -> list[Path]:
-    """What identifies a local checkpoint for a cache of its conversions (ONNX export, CTranslate2): its
-    config and every weights file, shards and their index included (`model-00001-of-00002.safetensors`)."""
-    names = ("config.json", "generation_config.json", "*.safetensors", "*.safetensors.index.json",
-             "pytorch_model*.bin", "pytorch_model.bin.index.json")
-    return sorted({path for name in names for path in folder.glob(name) if path.is_file()})
-
-
 def model_source(model: str) -> str:
     """The hub id as given, or the local folder expanded; a missing folder is a :class:`ModelLoadError`."""
     if not _looks_like_path(model):
