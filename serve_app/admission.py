@@ -141,7 +141,9 @@ class AdmissionControl:
 
     async def __call__(self, scope, receive, send):
         path = route_path(scope) if scope["type"] == "http" else ""
-        if scope["type"] != "http" or (path not in self.paths and not path.startswith(self.prefixes)):
+        # A CORS preflight (OPTIONS) costs no model time: it neither takes nor waits for a slot.
+        if scope["type"] != "http" or scope.get("method") == "OPTIONS" or (
+                path not in self.paths and not path.startswith(self.prefixes)):
             return await self.app(scope, receive, send)
         retry = self.retry_after_s()
         if DRAIN.draining:

@@ -132,3 +132,19 @@ def test_a_waiter_that_left_frees_its_place_in_the_waiting_room():
 
     assert asyncio.run(scenario()) == 200  # it waited in the place the gone one left, not a 503 at once
     assert DRAIN.in_flight == 0 and not DRAIN.waiting
+
+
+def test_a_cors_preflight_neither_takes_nor_waits_for_a_slot(client):  # noqa: F811
+    """Browsers send OPTIONS before a cross-origin POST, without a key: it costs no model time, so it is
+    answered while the replica is full, and it holds no slot."""
+    install(FakeTranslator(delay_s=1.0), ingress={"max_inflight_requests": 1, "max_waiting_requests": 0})
+    results = []
+    busy = threading.Thread(target=lambda: results.append(client.post("/translation", json=body(
+        [{"id": "1", "text": "hi"}]))))
+    busy.start()
+    while not DRAIN.in_flight:
+        time.sleep(0.01)
+    preflight = client.options("/translation")
+    assert preflight.status_code != 503 and DRAIN.in_flight == 1
+    busy.join()
+    assert results[0].status_code == 200 and DRAIN.in_flight == 0
