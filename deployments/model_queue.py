@@ -119,9 +119,10 @@ class ModelQueue:
         """Raise if the model thread can compute nothing more: it has stopped, or its batch has been
         computing for over `hung_after_s` (every call behind it would wait until its deadline)."""
         started = self._batch_started
-        if started is not None and time.monotonic() - started > hung_after_s:
+        running_s = 0.0 if started is None else time.monotonic() - started
+        if running_s > hung_after_s:
             raise RuntimeError(f"{self._thread.name}: a model call has been running for "
-                               f"{time.monotonic() - started:.0f} s (over {hung_after_s:g} s): taken for hung")
+                               f"{running_s:.0f} s (over {hung_after_s:g} s): taken for hung")
         if not self._thread.is_alive() and not self._closed:
             raise RuntimeError(f"{self._thread.name}: the model thread has stopped")
 

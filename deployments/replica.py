@@ -201,7 +201,7 @@ class ModelReplica:
         """
         async def submit(piece: list, counted: bool = False) -> list:
             try:
-                return [await (batched(make_item(piece), counted=True) if counted else batched(make_item(piece)))]
+                return [await batched(make_item(piece), counted=counted)]
             except RuntimeError:
                 size = self._size_for(batched, self.live_max_batch_size())
                 if len(piece) <= size:

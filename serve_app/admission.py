@@ -44,6 +44,13 @@ class DrainState:
                 return
         self.in_flight -= 1
 
+    def leave(self, waiter: asyncio.Future) -> None:
+        """A waiter that gave up leaves the waiting room at once (else its place counts until a release)."""
+        try:
+            self.waiting.remove(waiter)
+        except ValueError:
+            pass  # release() or drain() took it out already
+
     def _refuse_waiting(self) -> None:
         while self.waiting:
             waiter = self.waiting.popleft()
@@ -70,14 +77,6 @@ class DrainState:
 
 
 DRAIN = DrainState()
-
-
-def _leave(waiter: asyncio.Future) -> None:
-    """A waiter that gave up leaves the waiting room at once (else its place counts until a release)."""
-    try:
-        DRAIN.waiting.remove(waiter)
-    except ValueError:
-        pass  # release() or drain() took it out already
 
 #: The routes admission control governs (model work): these exact paths, and paths under these prefixes
 #: (`/models/<name>/predict`). serve_app/proxy_shedding.py gives HAProxy the same list.
@@ -191,10 +190,10 @@ class AdmissionControl:
         except BaseException:  # the request's task was cancelled (client gone, shutdown)
             if not waiter.cancel() and waiter.result():
                 DRAIN.release()  # it had just been handed a slot: pass it on
-            _leave(waiter)
+            DRAIN.leave(waiter)
             raise
         if waiter.cancel():  # the wait ran out: its place goes to the next request
-            _leave(waiter)
+            DRAIN.leave(waiter)
             return False
         return waiter.result()
 

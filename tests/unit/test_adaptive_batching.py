@@ -195,7 +195,7 @@ def test_a_queued_piece_the_live_size_shrank_under_is_cut_again(monkeypatch, loo
     assert [t for piece in results for t in piece] == list("ABCDEFGH")
     assert submitted == [list("abcdefgh"), list("abc"), list("def"), list("gh")]
 
-    async def broken(item):
+    async def broken(item, counted=False):
         raise RuntimeError("model broke")
 
     with pytest.raises(RuntimeError, match="model broke"):  # other errors are not retried
