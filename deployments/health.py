@@ -9,8 +9,9 @@ FAILURES_BEFORE_UNHEALTHY = 3
 
 
 class ReplicaHealth:
-    """Model calls that failed in a row (every call of a batch failed: the model is broken, not one
-    input), and the last error; Serve replaces a replica whose `check` raises."""
+    """Model calls that failed in a row (every call of a batch failed, and the known-good call computed
+    again after it failed too: the model is broken, not one input; model_queue.py), and the last
+    error; Serve replaces a replica whose `check` raises."""
 
     def __init__(self, deployment: str):
         self.deployment = deployment

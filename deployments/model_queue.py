@@ -28,6 +28,10 @@ RECENT_BATCHES = 8
 #: batch this project measured (the slowest, a degenerate input decoded to its cap, took 34 s).
 HUNG_BATCH_S = 600.0
 
+#: The largest call (in records) kept as the known-good call that a batch whose every call failed is
+#: checked against (`ModelQueue._proves_the_model`): its cost is paid once per such batch.
+KNOWN_GOOD_MAX_RECORDS = 4
+
 #: What a batch computation returns for one of its calls: the call's output or the exception it gets.
 Compute = Callable[[list], list]
 
@@ -50,9 +54,12 @@ class BatchOutcome:
     records: int
     seconds: float
     cpu_seconds: float
-    #: every call of the batch failed (the model is broken, not one input)
+    #: every call of the batch failed
     failed: bool
     error: Optional[BaseException] = None
+    #: every call failed, but the last call that had succeeded, computed again right after, succeeded
+    #: again: the inputs were bad, not the model
+    inputs_blamed: bool = False
 
 
 class ModelQueue:
@@ -88,6 +95,8 @@ class ModelQueue:
         self._batch_started: Optional[float] = None  # when the computing batch started (time.monotonic)
         #: calls in each of the last batches: all 1 means nothing has come in together lately
         self._recent_calls: deque[int] = deque(maxlen=RECENT_BATCHES)
+        #: (computation, item) of the last call of at most KNOWN_GOOD_MAX_RECORDS records that succeeded
+        self._known_good: Optional[tuple[Compute, Any]] = None
         self._thread = threading.Thread(target=self._work, name=name, daemon=True)
         self._thread.start()
 
@@ -224,9 +233,12 @@ class ModelQueue:
         failed = all(isinstance(out, BaseException) for out in outputs)
         if failed and error is None:
             error = outputs[0]
+        blamed = failed and self._proves_the_model()
+        if not failed:
+            self._remember_good(batch, outputs)
         if self._on_batch is not None:
             try:
-                self._on_batch(BatchOutcome(priority, records, seconds, cpu_seconds, failed, error))
+                self._on_batch(BatchOutcome(priority, records, seconds, cpu_seconds, failed, error, blamed))
             except Exception:  # pragma: no cover - bookkeeping must never lose a result
                 logger.exception("model batch bookkeeping failed")
         for entry, out in zip(batch, outputs):
@@ -234,6 +246,27 @@ class ModelQueue:
                 entry.future.set_exception(out)
             else:
                 entry.future.set_result((out, records, start))
+
+
+    def _remember_good(self, batch: list[_Entry], outputs: list) -> None:
+        for entry, out in zip(batch, outputs):
+            if entry.records <= KNOWN_GOOD_MAX_RECORDS and not isinstance(out, BaseException):
+                self._known_good = (entry.compute, entry.item)
+
+    def _proves_the_model(self) -> bool:
+        """After a batch whose every call failed: compute the known-good call again (on this thread, before
+        the failed callers are answered). True if it succeeds: the model works, the inputs were bad."""
+        if self._known_good is None:
+            return False
+        compute, item = self._known_good
+        self._batch_started = time.monotonic()
+        try:
+            outputs = list(compute([item]))
+            return len(outputs) == 1 and not isinstance(outputs[0], BaseException)
+        except Exception:  # noqa: BLE001 - the model is broken: the batch's failure stands
+            return False
+        finally:
+            self._batch_started = None
 
 
 def name_native_thread(name: str) -> bool:

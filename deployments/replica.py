@@ -248,8 +248,11 @@ class ModelReplica:
 
     def _record_batch(self, outcome: BatchOutcome) -> None:
         if outcome.failed:
-            self.health.failed(outcome.error)
             self.metrics.failed()
+            if outcome.inputs_blamed:  # the model computed a known-good call right after: it works
+                self.health.succeeded()
+            else:
+                self.health.failed(outcome.error)
             return
         self.health.succeeded()
         self._stats["computed"] += outcome.records

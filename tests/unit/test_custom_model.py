@@ -251,6 +251,22 @@ def test_a_model_failing_every_call_turns_the_replica_unhealthy(echo, loop):
         echo.check_health()
 
 
+def test_bad_inputs_in_a_row_do_not_fail_a_working_model(echo, loop):
+    loop.run_until_complete(echo.predict([{"x": 2}]))  # a call that succeeded: the known-good one
+    for _ in range(2 * FAILURES_BEFORE_UNHEALTHY):
+        with pytest.raises(ValueError, match="negative input"):
+            loop.run_until_complete(echo.predict([{"x": -1}]))
+    echo.check_health()  # after each failed call the known-good one was computed again, and passed
+    assert echo.model["batches"] == [[2]] + [[-1], [2]] * (2 * FAILURES_BEFORE_UNHEALTHY)
+
+    echo.model["wrong_count"] = True  # now the model is broken: the known-good call fails too
+    for _ in range(FAILURES_BEFORE_UNHEALTHY):
+        with pytest.raises(ModelContractError):
+            loop.run_until_complete(echo.predict([{"x": 1}]))
+    with pytest.raises(RuntimeError, match="Model.echo: last 3 model calls failed"):
+        echo.check_health()
+
+
 def test_outputs_are_checked_against_the_contract(echo, loop):
     echo.model["as_dicts"] = True  # dicts are accepted and validated against Output
     assert loop.run_until_complete(echo.predict([{"x": 4}]))[0] == [{"y": 40}]

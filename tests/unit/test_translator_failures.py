@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from deployments.batching import Chunk
-from deployments.model_queue import ModelQueue
+from deployments.model_queue import KNOWN_GOOD_MAX_RECORDS, ModelQueue
 
 from .test_deployments import RecordingBackend, translator  # noqa: F401 - the fixture
 
@@ -74,3 +74,30 @@ def test_concurrent_callers_of_a_poisoned_batch_get_their_own_results(translator
     assert isinstance(second, RuntimeError) and isinstance(third, RuntimeError)
     assert replica.health.failures_in_a_row == 0
     replica.check_health()
+
+
+def test_a_batch_of_bad_calls_is_blamed_on_its_inputs_once_the_known_good_call_passes():
+    """ModelQueue keeps the last call that succeeded (of at most KNOWN_GOOD_MAX_RECORDS records) and,
+    after a batch whose every call failed, computes it again: the model works, the inputs were bad."""
+    computed, outcomes = [], []
+
+    def compute(items):
+        computed.append(list(items))
+        return [RuntimeError("bad input") if item == "bad" else item.upper() for item in items]
+
+    queue = ModelQueue("blame-test", on_batch=outcomes.append)
+    try:
+        with pytest.raises(RuntimeError):
+            queue.submit(compute, "bad").result(timeout=10)
+        assert outcomes[-1].failed and not outcomes[-1].inputs_blamed  # nothing known good yet
+        assert queue.submit(compute, "many", records=KNOWN_GOOD_MAX_RECORDS + 1).result(timeout=10)[0] == "MANY"
+        with pytest.raises(RuntimeError):
+            queue.submit(compute, "bad").result(timeout=10)
+        assert not outcomes[-1].inputs_blamed  # too large a call to be re-run as the known-good one
+        assert queue.submit(compute, "good").result(timeout=10)[0] == "GOOD"
+        with pytest.raises(RuntimeError, match="bad input"):
+            queue.submit(compute, "bad").result(timeout=10)
+        assert outcomes[-1].failed and outcomes[-1].inputs_blamed
+        assert computed[-2:] == [["bad"], ["good"]]
+    finally:
+        queue.shutdown()
