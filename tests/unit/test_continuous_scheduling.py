@@ -10,6 +10,7 @@ from concurrent.futures import CancelledError, ThreadPoolExecutor
 import pytest
 
 from deployments.backends.base import BackendError
+from deployments.backends.segments import CutText
 from deployments.backends.slot_decoder import SlotDecoder
 from deployments.batching import Chunk
 from deployments.continuous_batching import ContinuousScheduler
@@ -57,6 +58,15 @@ def scheduler_for(request, make_backend, tiny_marian_dir):
     yield make
     for scheduler in made:
         scheduler.shutdown()
+
+
+def test_both_engines_mark_the_outputs_the_model_cut_as_static_generate_does(scheduler_for):
+    scheduler, backend = scheduler_for()
+    translations, _ = scheduler.submit(TEXTS, "en", "de").result(timeout=60)
+    static = backend.translate(TEXTS, "en", "de")
+    marks = [isinstance(t, CutText) for t in static]
+    assert any(marks) and not all(marks), marks  # the tiny model ends some sentences, not others
+    assert [isinstance(t, CutText) for t in translations] == marks and translations == static
 
 
 def test_concurrent_calls_get_what_static_generate_gives(scheduler_for):
