@@ -57,8 +57,8 @@ class BatchOutcome:
     #: every call of the batch failed
     failed: bool
     error: Optional[BaseException] = None
-    #: every call failed, but the last call that had succeeded, computed again right after, succeeded
-    #: again: the inputs were bad, not the model
+    #: every call failed, but the last call that had succeeded, as large as this batch and computed again
+    #: right after, succeeded again: the inputs were bad, not the model
     inputs_blamed: bool = False
 
 
@@ -95,8 +95,8 @@ class ModelQueue:
         self._batch_started: Optional[float] = None  # when the computing batch started (time.monotonic)
         #: calls in each of the last batches: all 1 means nothing has come in together lately
         self._recent_calls: deque[int] = deque(maxlen=RECENT_BATCHES)
-        #: (computation, item) of the last call of at most KNOWN_GOOD_MAX_RECORDS records that succeeded
-        self._known_good: Optional[tuple[Compute, Any]] = None
+        #: (computation, item, records) of the last call of at most KNOWN_GOOD_MAX_RECORDS records that succeeded
+        self._known_good: Optional[tuple[Compute, Any, int]] = None
         self._thread = threading.Thread(target=self._work, name=name, daemon=True)
         self._thread.start()
 
@@ -233,7 +233,7 @@ class ModelQueue:
         failed = all(isinstance(out, BaseException) for out in outputs)
         if failed and error is None:
             error = outputs[0]
-        blamed = failed and self._proves_the_model()
+        blamed = failed and self._proves_the_model(records)
         if not failed:
             self._remember_good(batch, outputs)
         if self._on_batch is not None:
@@ -251,19 +251,21 @@ class ModelQueue:
     def _remember_good(self, batch: list[_Entry], outputs: list) -> None:
         for entry, out in zip(batch, outputs):
             if entry.records <= KNOWN_GOOD_MAX_RECORDS and not isinstance(out, BaseException):
-                self._known_good = (entry.compute, entry.item)
+                self._known_good = (entry.compute, entry.item, entry.records)
 
-    def _proves_the_model(self) -> bool:
-        """After a batch whose every call failed: compute the known-good call again (on this thread, before
-        the failed callers are answered). True if it succeeds: the model works, the inputs were bad."""
-        if self._known_good is None:
+    def _proves_the_model(self, records: int) -> bool:
+        """After a batch of `records` whose every call failed: if the known-good call is as large, compute it
+        again (on this thread, before the failed callers are answered). True if it succeeds: the model
+        computes a batch that size, so the inputs were bad. A larger batch proves nothing about its size
+        (memory), and its failure stands."""
+        if self._known_good is None or self._known_good[2] < records:
             return False
-        compute, item = self._known_good
+        compute, item, _ = self._known_good
         self._batch_started = time.monotonic()
         try:
             outputs = list(compute([item]))
             return len(outputs) == 1 and not isinstance(outputs[0], BaseException)
-        except Exception:  # noqa: BLE001 - the model is broken: the batch's failure stands
+        except BaseException:  # noqa: BLE001 - as in `_run`: the batch's failure stands, the thread goes on
             return False
         finally:
             self._batch_started = None

@@ -249,9 +249,7 @@ class ModelReplica:
     def _record_batch(self, outcome: BatchOutcome) -> None:
         if outcome.failed:
             self.metrics.failed()
-            if outcome.inputs_blamed:  # the model computed a known-good call right after: it works
-                self.health.succeeded()
-            else:
+            if not outcome.inputs_blamed:  # (blamed: the model computed as large a known-good call right after)
                 self.health.failed(outcome.error)
             return
         self.health.succeeded()

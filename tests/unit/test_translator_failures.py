@@ -99,5 +99,19 @@ def test_a_batch_of_bad_calls_is_blamed_on_its_inputs_once_the_known_good_call_p
             queue.submit(compute, "bad").result(timeout=10)
         assert outcomes[-1].failed and outcomes[-1].inputs_blamed
         assert computed[-2:] == [["bad"], ["good"]]
+        with pytest.raises(RuntimeError):  # a batch larger than the known-good call: its size may be the cause
+            queue.submit(compute, "bad", records=2).result(timeout=10)
+        assert outcomes[-1].failed and not outcomes[-1].inputs_blamed and computed[-1] == ["bad"]
+
+        def interrupted(items):  # now everything raises what is not an Exception, the known-good call too
+            raise KeyboardInterrupt
+        known = queue._known_good
+        queue._known_good = (interrupted, "good", 1)
+        with pytest.raises(KeyboardInterrupt):
+            queue.submit(interrupted, "x").result(timeout=10)
+        assert not outcomes[-1].inputs_blamed
+        queue._known_good = known
+        assert queue.submit(compute, "good").result(timeout=10)[0] == "GOOD"  # the model thread lives on
+        queue.check()
     finally:
         queue.shutdown()
