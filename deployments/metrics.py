@@ -43,7 +43,7 @@ class _Instruments:
         self.translated_again = Counter(
             "serve_app_records_translated_again_total",
             description="Records a translation model cut short (source past its input length, or output at "
-            "max_new_tokens), translated again sentence by sentence.", tag_keys=tags)
+            "max_new_tokens), translated again in pieces of whole sentences.", tag_keys=tags)
         self.failures = Counter(
             "serve_app_model_failures_total", description="Model calls that raised.", tag_keys=tags)
 

@@ -70,7 +70,7 @@ class TranslationSettings(Section):
     max_new_tokens: int = Field(256, ge=1, description=(
         "Longest translation of one model call, in tokens. For `transformers` and `ctranslate2`, a record whose "
         "translation reaches it, or whose source is longer than the model reads (its `max_input_length`, Marian "
-        "512 tokens), is translated again sentence by sentence and the sentences joined "
+        "512 tokens), is translated again in pieces of whole sentences and the pieces joined "
         "(`serve_app_records_translated_again_total`); see [api.md](api.md#long-texts)."))
     min_new_tokens: Optional[int] = Field(
         None, ge=0,

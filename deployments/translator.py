@@ -8,7 +8,7 @@ from concurrent.futures import Future
 from ray import serve
 
 from .backends import load_translation_backend
-from .backends.segments import MAX_SEGMENT_CHARS, CutText, join, segment
+from .backends.segments import MAX_SEGMENT_CHARS, CutText, join, pack, segment
 from .batch_config import TRANSLATOR_BATCH, model_deployment_options
 from .batching import Chunk, count_records, run_grouped
 from .length_batching import run_token_batched
@@ -16,6 +16,18 @@ from .replica import ModelReplica, cpu_share, threads_for_share
 from .settings import TranslationSettings
 
 logger = logging.getLogger("ray.serve")
+
+
+def pieces_of(text: str, max_new_tokens: int) -> list[tuple[str, str]]:
+    """A cut record's pieces to translate again: its sentences (whole up to MAX_SEGMENT_CHARS), packed
+    into runs of at most `max_new_tokens` characters (a token covers about a character or more: a run's
+    translation should fit the budget the whole record overflowed) within its lines, or across them where
+    it has many short lines (a row per short line would flood the queue)."""
+    budget = min(MAX_SEGMENT_CHARS, max_new_tokens)
+    pieces = pack(segment(text, MAX_SEGMENT_CHARS), budget)
+    if len(pieces) > 2 * (len(text) // budget + 1):
+        pieces = pack(pieces, budget, across_lines=True)
+    return pieces
 
 
 @serve.deployment(**model_deployment_options("Translator", TRANSLATOR_BATCH))
@@ -59,16 +71,22 @@ class Translator(ModelReplica):
 
         `background=True` (job records) queues the chunk behind interactive requests. A record the
         model cut short (its source longer than the model reads, or its translation at
-        max_new_tokens) is translated again sentence by sentence (segments.py), if it has several."""
+        max_new_tokens) is translated again in pieces of whole sentences (`pieces_of`), if it has several; if
+        that fails, it stays as the first pass gave it."""
         texts, batch = await self._translate_once(chunk, background)
-        pieces = {i: segment(chunk.texts[i], MAX_SEGMENT_CHARS) for i, text in enumerate(texts)
-                  if isinstance(text, CutText)}
+        pieces = {i: pieces_of(chunk.texts[i], self.settings.max_new_tokens)
+                  for i, text in enumerate(texts) if isinstance(text, CutText)}
         again = [i for i in pieces if len(pieces[i]) > 1]
         if again:
             self._stats["translated_again"] += len(again)
             self.metrics.count_translated_again(len(again))
             flat = Chunk(chunk.source, chunk.target, [piece for i in again for piece, _ in pieces[i]])
-            parts, piece_batch = await self._translate_once(flat, background)
+            try:
+                parts, piece_batch = await self._translate_once(flat, background)
+            except Exception as exc:  # noqa: BLE001 - the first pass stands: cut, but the call's other records kept
+                logger.warning("translating %d cut records again by sentence failed (%s): kept as cut",
+                               len(again), type(exc).__name__)
+                parts, piece_batch, again = [], 0, []
             for i in again:
                 texts[i], parts = join(parts[:len(pieces[i])], pieces[i]), parts[len(pieces[i]):]
             batch = max(batch, piece_batch)

