@@ -17,12 +17,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime, timezone
-from typing import Any, Literal, Optional
+from typing import Any, Awaitable, Literal, Optional, TypeVar
 
 from ..errors import Overloaded, ServeAppError
 from ..settings import AppSettings
+
+logger = logging.getLogger("ray.serve")
+T = TypeVar("T")
 
 JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 STATES: tuple[str, ...] = ("queued", "running", "succeeded", "failed", "cancelled")
@@ -74,6 +78,17 @@ class JobStoreUnavailable(Overloaded):
     """The store (Redis) cannot be reached: 503 + Retry-After, nothing is lost."""
 
     error_type = "job_store_unavailable"
+
+
+async def store_call(call: Awaitable[T]) -> T:
+    """A client's store call (submit, read, cancel), its failures answered as 503 JobStoreUnavailable."""
+    try:
+        return await call
+    except ServeAppError:
+        raise
+    except Exception as exc:
+        logger.warning("job store call failed: %s", type(exc).__name__)
+        raise JobStoreUnavailable("The job store is not reachable; retry shortly.", retry_after_s=2) from None
 
 
 def job_settings(settings: AppSettings) -> AppSettings:

@@ -20,24 +20,25 @@ from pydantic import BaseModel, ValidationError
 from ..errors import InvalidRequest, describe_validation_errors
 from ..schemas import EmbeddingsRequest, PredictRequest, TranslationPayload
 
-#: what an embedding result is estimated to take before it is computed: MiniLM's 384 float32s
-#: (the bytes actually stored are counted once known)
-EMBEDDING_BYTES_PER_INPUT = 384 * 4
+#: an embedding's dimensions when the embedder cannot say (MiniLM's); a result is estimated before it is
+#: computed at its served dimensions x 4 bytes (float32), and the bytes actually stored are counted once known
+DEFAULT_EMBEDDING_DIM = 384
 #: what one custom model output is estimated to take (corrected once stored)
 PREDICT_BYTES_PER_INPUT = 512
 #: JSON of one float32 as the routes answer it (`-0.012345678901234567,`): about 20 characters
 _JSON_PER_FLOAT = 20
 
 
-def estimate_bytes(task: str, body: BaseModel) -> int:
-    """The result's stored size, estimated from the submission (reserved in the store's total)."""
+def estimate_bytes(task: str, body: BaseModel, embedding_dim: int = DEFAULT_EMBEDDING_DIM) -> int:
+    """The result's stored size, estimated from the submission (reserved in the store's total); an
+    embedding at `embedding_dim` float32s."""
     if task == "translation":
         assert isinstance(body, TranslationPayload)
         # a translation is rarely over twice its source's bytes; its id is echoed back
         return sum(2 * len(r.text.encode()) + len(r.id.encode()) + 16 for r in body.records)
     if task == "embeddings":
         assert isinstance(body, EmbeddingsRequest)
-        return len(body.texts()) * EMBEDDING_BYTES_PER_INPUT
+        return len(body.texts()) * embedding_dim * 4
     return len(body.inputs) * PREDICT_BYTES_PER_INPUT
 
 

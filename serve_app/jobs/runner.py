@@ -16,7 +16,7 @@ import json
 import logging
 import secrets
 import time
-from typing import Any, Awaitable, Callable, Optional, TypeVar
+from typing import Any, Callable, Optional
 
 from pydantic import BaseModel
 
@@ -25,21 +25,22 @@ from ..model_clients import BackgroundClient, ModelClient
 from ..service import Service
 from ..settings import AppSettings
 from .job import (
-    ANONYMOUS, IdempotencyKeyReused, JobFinished, JobNotFound, JobRecord, JobStoreUnavailable, JobTooLarge,
-    StoreLimits, UnsupportedTask, body_hash, job_settings, submission_key,
+    ANONYMOUS, IdempotencyKeyReused, JobFinished, JobNotFound, JobRecord, JobTooLarge, StoreLimits, UnsupportedTask,
+    body_hash, job_settings, store_call, submission_key,
 )
 from .results import (
-    encode_chunk_of, estimate_bytes, json_bytes_per_record, page_bounds, page_of, parse_submission, piece,
+    DEFAULT_EMBEDDING_DIM, encode_chunk_of, estimate_bytes, json_bytes_per_record, page_bounds, page_of, parse_submission, piece,
     records_of, render,
 )
 from . import retry
 from .store import JobStore, open_store
 
 logger = logging.getLogger("ray.serve")
-T = TypeVar("T")
 
 #: how often the runner renews (or takes) its lease, runs unfinished jobs without a task, purges
 MAINTENANCE_INTERVAL_S = 2.0
+#: how long a submission waits for the embedder's dimensions (its result's size estimate)
+EMBEDDER_INFO_TIMEOUT_S = 2.0
 
 
 class JobRunner:
@@ -108,17 +109,6 @@ class JobRunner:
             except Exception as exc:
                 logger.warning("job store maintenance failed (%s); retrying", type(exc).__name__)
 
-    # -- the store, with its failures as 503 -------------------------------------------------
-    @staticmethod
-    async def _store(call: Awaitable[T]) -> T:
-        try:
-            return await call
-        except ServeAppError:
-            raise
-        except Exception as exc:
-            logger.warning("job store call failed: %s", type(exc).__name__)
-            raise JobStoreUnavailable("The job store is not reachable; retry shortly.", retry_after_s=2) from None
-
     # -- submit ------------------------------------------------------------------------------
     async def submit(self, task: str, payload: Any, request_id: Optional[str] = None, owner: str = ANONYMOUS,
                      idempotency_key: Optional[str] = None) -> dict:
@@ -129,10 +119,10 @@ class JobRunner:
         created is answered and nothing is queued twice. The same key with another body is 409."""
         digest = body_hash(task, payload)
         key = submission_key(idempotency_key, request_id, digest)
-        if key is not None and (existing := await self._store(self.store.find(owner, key))) is not None:
+        if key is not None and (existing := await store_call(self.store.find(owner, key))) is not None:
             return self._same(existing, digest).view()
         body = await self._validate(task, payload)
-        estimate = estimate_bytes(task, body)
+        estimate = estimate_bytes(task, body, await self._embedding_dim() if task == "embeddings" else 0)
         if estimate > self.settings.jobs.max_job_result_bytes:
             raise JobTooLarge(
                 f"The job's result would take about {estimate} bytes; one job may keep at most "
@@ -141,7 +131,7 @@ class JobRunner:
                            chunk_records=self.settings.jobs.chunk_records, created_at=self._clock(), key=key,
                            body_hash=digest, reserved_bytes=estimate)
         data = json.dumps(payload, separators=(",", ":")).encode()
-        stored = await self._store(self.store.create(record, data, self.limits))
+        stored = await store_call(self.store.create(record, data, self.limits))
         if stored.id != record.id:  # the same key won a race with this submission
             return self._same(stored, digest).view()
         if self.holding:
@@ -157,6 +147,16 @@ class JobRunner:
                 "payload; send a new key for a new job.")
         logger.info("job %s: submitted again with its key; not queued twice", existing.id)
         return existing
+
+    async def _embedding_dim(self) -> int:
+        """The served embedder's dimensions (its info, which the Service caches); MiniLM's while it cannot say."""
+        try:
+            async with asyncio.timeout(EMBEDDER_INFO_TIMEOUT_S):
+                return int((await self._validator.model_info(self._validator.embedder))["dimensions"])
+        except Exception as exc:  # noqa: BLE001 - an estimate never refuses a job
+            logger.warning("embedder dimensions unknown (%s): results estimated at %d", type(exc).__name__,
+                           DEFAULT_EMBEDDING_DIM)
+            return DEFAULT_EMBEDDING_DIM
 
     async def _validate(self, task: str, payload: Any) -> BaseModel:
         service = self._validator
@@ -257,7 +257,7 @@ class JobRunner:
 
     # -- read, cancel --------------------------------------------------------------------------
     async def _owned(self, job_id: str, owner: str) -> JobRecord:
-        record = await self._store(self.store.get(job_id))
+        record = await store_call(self.store.get(job_id))
         if record is None or record.owner != owner:  # another key's job is as absent as none
             raise JobNotFound(f"No job {job_id!r}: it never existed or its result expired.")
         return record
@@ -273,9 +273,9 @@ class JobRunner:
         per_page = max(1, int(self.settings.jobs.max_page_bytes
                               // json_bytes_per_record(record.task, record.used_bytes, total)))
         whole, start, stop, limit = page_bounds(offset, limit, total, per_page)
-        metas = await self._store(self.store.chunk_metas(job_id))
+        metas = await store_call(self.store.chunk_metas(job_id))
         indexes = list(range(start // per, (stop - 1) // per + 1)) if stop > start else []
-        chunks = await self._store(self.store.chunks(job_id, indexes))
+        chunks = await store_call(self.store.chunks(job_id, indexes))
         tokens = sum(meta.get("tokens", 0) for _, meta in metas.values())
         result = render(record.task, [(i * per, chunks[i]) for i in indexes], start, stop, tokens)
         return record.view(result, None if whole else page_of(job_id, start, stop, limit, total))
@@ -286,7 +286,7 @@ class JobRunner:
         if record.finished:
             raise JobFinished(f"Job {job_id!r} already {record.status}; there is nothing to cancel.")
         now = self._clock()
-        if await self._store(self.store.finish(job_id, "cancelled", now, now + self.settings.jobs.result_ttl_s)):
+        if await store_call(self.store.finish(job_id, "cancelled", now, now + self.settings.jobs.result_ttl_s)):
             task = self._tasks.get(job_id)
             if task is not None:
                 task.cancel()
@@ -295,6 +295,6 @@ class JobRunner:
         return (await self._owned(job_id, owner)).view()
 
     async def stats(self) -> dict[str, int]:
-        counts = await self._store(self.store.counts())
+        counts = await store_call(self.store.counts())
         return {**counts, "chunks_computed": self.chunks_computed, "chunks_resumed": self.chunks_resumed,
                 "holding_lease": int(self.holding)}

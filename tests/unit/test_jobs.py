@@ -112,10 +112,42 @@ def test_bad_jobs_are_refused_at_submission(tmp_path, task, payload, error):
         assert "payload.toLang" in refused.message
 
 
+@pytest.mark.parametrize("dims, most", [(1024, 14), (384, 39)])
+def test_an_embeddings_job_is_estimated_at_the_served_dimensions(tmp_path, dims, most):
+    """A 1,024-dimension embedder's result is 2.7 x MiniLM's: estimated at 384 it passed the 413 check."""
+    async def scenario():
+        runner, _, _ = await _runner(tmp_path, embedder=FakeEmbedder(dims=dims), max_job_result_bytes=60_000)
+        with pytest.raises(JobTooLarge):
+            await runner.submit("embeddings", {"input": ["x"] * (most + 1)})
+        view = await runner.submit("embeddings", {"input": ["x"] * most})
+        done = await _finished(runner, view["job_id"])
+        await runner.stop()
+        return done
+
+    assert asyncio.run(scenario())["status"] == "succeeded"
+
+
+def test_an_embedder_that_cannot_say_its_dimensions_is_estimated_at_minilm_s(tmp_path):
+    class Silent(FakeEmbedder):
+        async def call(self, method, *args, **kwargs):
+            if method == "info":
+                raise ModelUnavailable("not ready")
+            return await super().call(method, *args, **kwargs)
+
+    async def scenario():
+        runner, _, _ = await _runner(tmp_path, embedder=Silent(dims=384), max_job_result_bytes=60_000)
+        with pytest.raises(JobTooLarge, match="61440 bytes"):
+            await runner.submit("embeddings", {"input": ["x"] * 40})
+        await runner.stop()
+
+    asyncio.run(scenario())
+
+
 def test_a_job_whose_result_would_be_too_large_is_413_and_a_full_store_503(tmp_path):
     async def scenario():
-        # 40 embeddings x 1,536 bytes estimated = 61,440 bytes
-        runner, _, _ = await _runner(tmp_path, max_job_result_bytes=60_000, max_total_result_bytes=100_000)
+        # 40 embeddings x 384 dimensions x 4 bytes estimated = 61,440 bytes
+        runner, _, _ = await _runner(tmp_path, embedder=FakeEmbedder(dims=384), max_job_result_bytes=60_000,
+                                     max_total_result_bytes=100_000)
         with pytest.raises(JobTooLarge) as too_large:
             await runner.submit("embeddings", {"input": ["x"] * 40})
         first = await runner.submit("embeddings", {"input": ["x"] * 39})

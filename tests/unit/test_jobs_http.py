@@ -34,12 +34,12 @@ class RunnerClient:
         return await result if asyncio.iscoroutine(result) else result
 
 
-def _serve(tmp_path, ingress=None, **jobs):
+def _serve(tmp_path, ingress=None, dims=4, **jobs):
     translator = FakeTranslator(delay_s=0.01)
     settings = load_settings({"ingress": ingress or {},
                               "jobs": {"max_records_per_job": 50, "max_unfinished_jobs": 2, "chunk_records": 8, **jobs}})
     store = SqliteJobStore(tmp_path / "jobs.sqlite3")
-    runner = JobRunner(settings, {"translation": translator, "embeddings": FakeEmbedder()}, store=store)
+    runner = JobRunner(settings, {"translation": translator, "embeddings": FakeEmbedder(dims)}, store=store)
     set_service(Service(settings, translator=translator, embedder=FakeEmbedder(), jobs=RunnerClient(runner)))
     return runner, translator
 
@@ -128,7 +128,7 @@ def test_http_jobs_backlog_is_bounded_and_cancel_works(jobs_api):
 
 
 def test_http_a_too_large_job_is_413_and_a_full_store_503(tmp_path):
-    runner, _ = _serve(tmp_path, max_job_result_bytes=60_000, max_total_result_bytes=100_000)
+    runner, _ = _serve(tmp_path, dims=384, max_job_result_bytes=60_000, max_total_result_bytes=100_000)
     with TestClient(app, raise_server_exceptions=False) as client:
         too_large = client.post("/jobs", json={"task": "embeddings", "payload": {"input": ["x"] * 40}})
         first = client.post("/jobs", json={"task": "embeddings", "payload": {"input": ["x"] * 39}})
