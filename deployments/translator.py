@@ -88,7 +88,7 @@ class Translator(ModelReplica):
                                len(again), type(exc).__name__)
                 parts, piece_batch, again = [], 0, []
             for i in again:
-                texts[i], parts = join(parts[:len(pieces[i])], pieces[i]), parts[len(pieces[i]):]
+                texts[i], parts = join(parts[:len(pieces[i])], pieces[i], chunk.target), parts[len(pieces[i]):]
             batch = max(batch, piece_batch)
         return [str(text) for text in texts], batch
 

@@ -19,7 +19,11 @@ from typing import Optional, Sequence
 MAX_SEGMENT_CHARS = 400
 
 #: a sentence ends at . ! ? … ; : before whitespace, or at a CJK full stop, question or exclamation mark
-_SENTENCE_END = re.compile(r"(?<=[.!?…;:])\s+|(?<=[。！？])\s*")
+#: (after the closing quote or bracket that follows it, if any)
+_SENTENCE_END = re.compile(r"(?<=[.!?…;:])\s+|(?<=[。！？])(?![」』）】〉》”’])\s*|(?<=[。！？][」』）】〉》”’])\s*")
+
+#: languages written without spaces between sentences: their pieces are joined without one
+UNSPACED_LANGUAGES = frozenset({"ja", "zh", "th", "lo", "km", "my"})
 
 
 def segment(text: str, max_chars: int) -> list[tuple[str, str]]:
@@ -71,9 +75,12 @@ def pack(pieces: Sequence[tuple[str, str]], max_chars: int, across_lines: bool =
     return out
 
 
-def join(translations: Sequence[str], pieces: Sequence[tuple[str, str]]) -> str:
-    """One text from its pieces' translations (in order) and `segment`'s separators."""
-    return "".join(str(text) + separator for text, (_, separator) in zip(translations, pieces)).strip()
+def join(translations: Sequence[str], pieces: Sequence[tuple[str, str]], language: Optional[str] = None) -> str:
+    """One text from its pieces' translations (in order) and `segment`'s separators; into a `language` of
+    UNSPACED_LANGUAGES, sentence gaps are joined without a space (line breaks stay)."""
+    unspaced = language in UNSPACED_LANGUAGES
+    return "".join(str(text) + ("" if unspaced and separator == " " else separator)
+                   for text, (_, separator) in zip(translations, pieces)).strip()
 
 
 class CutText(str):
@@ -99,4 +106,4 @@ def mark_cut(texts: Sequence[str], cut: Sequence[bool]) -> list[str]:
     return [CutText(text) if was_cut else text for text, was_cut in zip(texts, cut)]
 
 
-__all__ = ["MAX_SEGMENT_CHARS", "CutText", "cut_short", "join", "mark_cut", "pack", "segment"]
+__all__ = ["MAX_SEGMENT_CHARS", "UNSPACED_LANGUAGES", "CutText", "cut_short", "join", "mark_cut", "pack", "segment"]

@@ -33,6 +33,11 @@ def test_segment_and_join_keep_the_layout():
     assert pieces == [(SENTENCES[0], " "), (SENTENCES[1], "\n"), (SENTENCES[2], "")]
     assert join([p.upper() for p, _ in pieces], pieces) == PARAGRAPH.upper()
     assert [p for p, _ in segment("今日は晴れ。明日は雨！", 400)] == ["今日は晴れ。", "明日は雨！"]
+    assert [p for p, _ in segment("「行く。」次の文。", 400)] == ["「行く。」", "次の文。"]  # the bracket stays
+    assert [p for p, _ in segment("晴れ。 雨！ 次", 400)] == ["晴れ。", "雨！", "次"]
+    pieces = segment("今日は晴れ。明日は雨！\n次。", 400)
+    assert join([p for p, _ in pieces], pieces, "ja") == "今日は晴れ。明日は雨！\n次。"  # no space between sentences
+    assert join([p for p, _ in pieces], pieces, "ko") == "今日は晴れ。 明日は雨！\n次。"
     assert segment("   \n  ", 400) == []
 
 
