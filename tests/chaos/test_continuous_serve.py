@@ -3,8 +3,8 @@ continuous` with a transformers model (the tiny fixture Marian, en->de), on a ru
 
 Concurrent HTTP requests of different sizes share the running batch; each record's text must
 equal single-input greedy `generate` of the same model in this process. `/v1/models` names the
-scheduling mode, the decode metrics reach Prometheus, and a job's records (background priority)
-go through the same loop."""
+scheduling mode, the decode metrics reach Prometheus, a job's records (background priority)
+go through the same loop, and a paragraph the model cuts short comes back translated in pieces."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import random
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import pytest
 
 from tests.fixtures.tiny_models import build_tiny_marian
 
@@ -30,8 +31,11 @@ def _body(texts: list[str], first_id: int) -> dict:
                         "records": [{"id": str(first_id + i), "text": t} for i, t in enumerate(texts)]}}
 
 
+@pytest.mark.smoke  # CI: make chaos-smoke (about 30 s)
 def test_continuous_scheduling_through_serve_answers_as_single_input_generate(own_run, tmp_path, figures):
+    from deployments.backends.segments import CutText, join
     from deployments.backends.transformers_backend import TransformersBackend
+    from deployments.translator import pieces_of
 
     model = build_tiny_marian(tmp_path / "marian", pair=("en", "de"))
     offline = TransformersBackend(str(model), device="cpu", local_files_only=True, max_new_tokens=MAX_NEW_TOKENS)
@@ -67,6 +71,15 @@ def test_continuous_scheduling_through_serve_answers_as_single_input_generate(ow
             httpx.get(f"{run.url}/jobs/{job.json()['job_id']}", timeout=10).json()), 120, "the job to finish", 0.2)
         assert done["status"] == "succeeded", done
         assert [r["text"] for r in done["result"]["result"]] == [expected[t] for t in TEXTS]
+
+        # A paragraph the model cuts short (its output uses all MAX_NEW_TOKENS) comes back as its
+        # pieces' translations, joined (deployments/translator.py `pieces_of`), through HTTP too.
+        paragraph = "The weather is nice. Where is the train station? Good morning, how are you today?"
+        assert isinstance(offline.translate([paragraph], "en", "de")[0], CutText)
+        pieces = pieces_of(paragraph, MAX_NEW_TOKENS)
+        whole = httpx.post(f"{run.url}/translation", json=_body([paragraph], 0), timeout=120)
+        assert whole.status_code == 200, whole.text
+        assert whole.json()["result"][0]["text"] == join(offline.translate([p for p, _ in pieces], "en", "de"), pieces)
 
         def decode_metrics():
             scraped = run.scrape()
