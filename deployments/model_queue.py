@@ -247,7 +247,6 @@ class ModelQueue:
             else:
                 entry.future.set_result((out, records, start))
 
-
     def _remember_good(self, batch: list[_Entry], outputs: list) -> None:
         for entry, out in zip(batch, outputs):
             if entry.records <= KNOWN_GOOD_MAX_RECORDS and not isinstance(out, BaseException):

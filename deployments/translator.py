@@ -41,7 +41,7 @@ class Translator(ModelReplica):
         self.backend = load_translation_backend(self.settings, threads)
         self.backend.warm_up()
         self._init_replica()
-        self._stats["translated_again"] = 0  # records the model cut short, translated again by sentence
+        self._stats["translated_again"] = 0  # records the model cut short, translated again in pieces
         # scheduling: continuous -> one decoding loop owns the batch (deployments/continuous_translation.py).
         # Imported here, not at the top: it needs torch, which the processes that only import this
         # module (the app builder, the JobManager, an Ingress placing fast-translate) then never load.
@@ -84,7 +84,7 @@ class Translator(ModelReplica):
             try:
                 parts, piece_batch = await self._translate_once(flat, background)
             except Exception as exc:  # noqa: BLE001 - the first pass stands: cut, but the call's other records kept
-                logger.warning("translating %d cut records again by sentence failed (%s): kept as cut",
+                logger.warning("translating %d cut records again in pieces failed (%s): kept as cut",
                                len(again), type(exc).__name__)
                 parts, piece_batch, again = [], 0, []
             for i in again:

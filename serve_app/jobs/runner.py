@@ -29,8 +29,8 @@ from .job import (
     body_hash, job_settings, store_call, submission_key,
 )
 from .results import (
-    DEFAULT_EMBEDDING_DIM, encode_chunk_of, estimate_bytes, json_bytes_per_record, page_bounds, page_of, parse_submission, piece,
-    records_of, render,
+    DEFAULT_EMBEDDING_DIM, encode_chunk_of, estimate_bytes, json_bytes_per_record, page_bounds, page_of,
+    parse_submission, piece, records_of, render,
 )
 from . import retry
 from .store import JobStore, open_store
