@@ -25,6 +25,7 @@ import httpx
 
 from . import manifest as mf
 from .cpu import PodCpu, shares_for
+from .kubelet import PodDeletion, delete_pod
 from .netns import PodNetwork, free_cluster_id, kill_namespace_processes
 from .node import Node
 from .pod_secrets import UserSecrets
@@ -212,6 +213,10 @@ class LocalCluster(DashboardView):
         wait_until(lambda: not self.network.pids(node.namespace), 30, f"{node.name}'s processes to exit", 0.2)
         self.log(f"killed {node.name}: {len(pids)} processes")
         return len(pids)
+
+    def delete_pod(self, node: Node) -> PodDeletion:
+        """Delete `node`'s pod as the kubelet does: SIGTERM, then SIGKILL after its grace period (kubelet.py)."""
+        return delete_pod(self, node)
 
     def start_redis(self) -> None:
         data = self.workdir / "redis"

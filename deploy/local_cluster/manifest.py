@@ -52,6 +52,8 @@ class NodeSpec:
     num_gpus: int = 0
     #: Secret volumes: mount path -> Secret name (files named by the Secret's keys)
     secret_mounts: dict[str, str] = field(default_factory=dict)
+    #: the pod's `terminationGracePeriodSeconds` (Kubernetes' default 30): from SIGTERM to SIGKILL
+    termination_grace_s: float = 30.0
 
     def ray_start_args(self) -> list[str]:
         """`ray start` flags: the group's rayStartParams plus what KubeRay derives from the limits."""
@@ -121,6 +123,7 @@ def _node(group: str, head: bool, spec: dict, secrets: Mapping[tuple[str, str], 
         memory_bytes=quantity_bytes(limits.get("memory", "2Gi")),
         num_gpus=int(limits.get("nvidia.com/gpu", 0)),
         secret_mounts=_secret_mounts(spec["template"]["spec"], container),
+        termination_grace_s=float(spec["template"]["spec"].get("terminationGracePeriodSeconds", 30)),
     )
 
 

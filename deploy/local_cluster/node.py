@@ -35,6 +35,8 @@ class Node:
         self.failed_starts: list[str] = []
         #: when to start it again after such an exit (time.monotonic())
         self.restart_at: Optional[float] = None
+        #: its pod is being deleted (kubelet.py): out of the Service's endpoints until it starts again
+        self.terminating = False
 
     @property
     def alive(self) -> bool:
@@ -46,6 +48,7 @@ class Node:
 
     def launched(self, proc: subprocess.Popen) -> None:
         self.proc, self.starting, self.launched_ms, self.restart_at = proc, True, time.time() * 1000, None
+        self.terminating = False
 
     def may_start_again(self) -> bool:
         """Exited before it joined, with a restart left."""

@@ -23,6 +23,8 @@ from deploy.local_cluster.cluster import LocalCluster
 from deploy.local_cluster.netns import cleanup_stale, leftovers
 from tests.support import save_figures
 
+from .traffic import ServiceEndpoints
+
 ROOT = Path(__file__).resolve().parents[2]
 MANIFEST = ROOT / "kuberay" / "rayservice-cpu.yaml"
 FIGURES = ROOT / "reports" / "cluster" / "figures.json"
@@ -86,3 +88,12 @@ def cluster(figures, request):
         print(f"\ncluster tests failed: the nodes' logs and Serve's logs are kept in {workdir}")
     else:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture
+def endpoints(cluster):
+    """The `serve` Service: the workers' ready proxies, less a pod being deleted (Kubernetes takes a
+    terminating pod out of its Services at once)."""
+    service = ServiceEndpoints(lambda: [cluster.serve_url(w) for w in cluster.workers if not w.terminating]).start()
+    yield service
+    service.stop()

@@ -105,6 +105,13 @@ def worst_pod_to_lose(workers: list, by_node: dict[str, Counter]):
                               sum(nodes[w.address] for nodes in by_node.values())))
 
 
+def pod_to_lose(cluster: LocalCluster):
+    """The worker `worst_pod_to_lose` picks now, and {deployment: its RUNNING replicas there}."""
+    by_node = running_by_node(cluster)
+    victim = worst_pod_to_lose(cluster.workers, by_node)
+    return victim, {name: nodes[victim.address] for name, nodes in by_node.items() if nodes[victim.address]}
+
+
 class Recovery:
     """A `wait_for` condition after a pod loss: the seconds since `lost_at` once every deployment has
     again as many RUNNING replicas as in `before`, none on `lost_ip` (one-per-pod deployments: as many

@@ -17,10 +17,10 @@ import pytest
 from tests.support import wait_for
 
 from .helpers import (NODE_START_BOUND_S, Recovery, at_full_strength, controller_recovery, deployments, finished_job,
-                      job_payload, minimum_replicas, ready, replica_ids, replica_states, running_by_node, running_counts,
-                      serving, stopping, submit_job, worker_ips, worst_pod_to_lose)
+                      job_payload, minimum_replicas, pod_to_lose, ready, replica_ids, replica_states, running_by_node,
+                      running_counts, serving, stopping, submit_job, worker_ips)
 from .plots import save_timeline
-from .traffic import (PATIENT_TIMEOUT_S, Load, ServiceEndpoints, cut_in_flight, describe_failed, failures_after_loss,
+from .traffic import (PATIENT_TIMEOUT_S, Load, cut_in_flight, describe_failed, failures_after_loss,
                       summarize)
 
 pytestmark = pytest.mark.cluster
@@ -29,13 +29,6 @@ pytestmark = pytest.mark.cluster
 RECOVERY_BOUND_S = 60
 #: No bound in the issue for a rejoined pod taking replicas again; this one only stops a run that hangs.
 REJOIN_BOUND_S = 300
-
-
-@pytest.fixture
-def endpoints(cluster):
-    service = ServiceEndpoints(lambda: [cluster.serve_url(w) for w in cluster.workers]).start()
-    yield service
-    service.stop()
 
 
 @pytest.mark.smoke  # CI: make cluster-smoke
@@ -64,10 +57,8 @@ def test_every_worker_with_a_replica_answers_and_the_head_holds_none(cluster, en
 @pytest.mark.smoke  # CI: make cluster-smoke
 def test_a_worker_lost_under_load_then_rejoining(cluster, endpoints, figures):
     ready(cluster)
-    by_node = running_by_node(cluster)
-    victim = worst_pod_to_lose(cluster.workers, by_node)
+    victim, held = pod_to_lose(cluster)
     lost_url = cluster.serve_url(victim)
-    held = {name: nodes[victim.address] for name, nodes in by_node.items() if nodes[victim.address]}
     # A job in flight across the loss: its state is in Redis, so it survives its JobManager's pod.
     job_records = 300
     job_id = submit_job(endpoints.ready(), cluster.api_key, job_payload(job_records, "lost-pod"), key=uuid.uuid4().hex)

@@ -199,3 +199,15 @@ def test_every_ray_container_gets_the_launchers_control_plane_ticks():
                 env = {e["name"]: e.get("value") for e in container.get("env", [])}
                 assert {k: env.get(k) for k in LEAN_SERVE_TICKS} == LEAN_SERVE_TICKS, \
                     (name, group.get("groupName", "head"))
+
+
+
+def test_every_worker_group_drains_its_ray_node_within_its_grace_period(rayservice):
+    """A deleted worker pod drains its Ray node on SIGTERM (measured: tests/cluster/test_pod_deletion.py):
+    for longer than Ray's default 30 s, and Kubernetes' SIGKILL only after the drain, with room to stop."""
+    for group in rayservice["spec"]["rayClusterConfig"]["workerGroupSpecs"]:
+        env = {e["name"]: e.get("value") for e in _container(group["template"]).get("env", [])}
+        drain_s = float(env["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"])
+        grace_s = group["template"]["spec"].get("terminationGracePeriodSeconds", 30)
+        assert 60 <= drain_s <= grace_s - 15, (group["groupName"], drain_s, grace_s)
+        assert "lifecycle" not in _container(group["template"]), "one drain: Ray's, on SIGTERM"

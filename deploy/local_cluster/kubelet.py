@@ -1,0 +1,73 @@
+"""A pod deleted as the kubelet deletes it: out of the Service, SIGTERM, then SIGKILL after the grace period.
+
+Kubernetes, on `kubectl delete pod` (and on a scale-down, a rollout, a node drain or an eviction):
+
+1. marks the pod terminating: the endpoints controller takes it out of every Service at once
+   (here: `Node.terminating`, which the tests' Service leaves out);
+2. sends SIGTERM to the container's main process: `ray start --block`, which KubeRay's
+   `bash -lc "...; ray start ... --block"` execs (the last command of a `bash -c` string is exec'd);
+3. SIGKILLs whatever is left when `terminationGracePeriodSeconds` (30 s unless the pod sets it) has passed.
+
+The manifests declare no preStop hook, so there is none to run.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+from .netns import kill_namespace_processes
+from .node import Node
+from .view import wait_until
+
+
+@dataclass
+class PodDeletion:
+    """What a deletion took: when the pod's last process exited (None: the grace period ran out first)
+    and how many processes were SIGKILLed then."""
+
+    grace_s: float
+    stopped_after_s: Optional[float] = None
+    killed: int = 0
+
+    @property
+    def graceful(self) -> bool:
+        return self.stopped_after_s is not None and not self.killed
+
+
+def delete_pod(cluster, node: Node) -> PodDeletion:
+    """Delete `node`'s pod (see the module's docstring)."""
+    began = time.monotonic()
+    result = PodDeletion(grace_s=node.spec.termination_grace_s)
+    node.terminating = True
+    if node.alive:
+        node.proc.send_signal(signal.SIGTERM)
+
+    def stopped() -> bool:
+        return not cluster.network.pids(node.namespace)
+
+    if _wait(stopped, result.grace_s):
+        result.stopped_after_s = round(time.monotonic() - began, 1)
+    else:
+        result.killed = len(kill_namespace_processes(node.namespace))
+        wait_until(stopped, 30, f"{node.name}'s processes to exit", 0.2)
+    if node.proc is not None:
+        try:
+            node.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+    cluster.log(f"deleted {node.name}'s pod: " + (f"stopped after {result.stopped_after_s} s" if result.graceful
+                                                  else f"{result.killed} processes SIGKILLed after {result.grace_s:.0f} s"))
+    return result
+
+
+def _wait(condition, timeout_s: float, poll_s: float = 0.2) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll_s)
+    return True
