@@ -42,8 +42,8 @@ class _Instruments:
             "dropped from the queue, never computed.", tag_keys=tags)
         self.translated_again = Counter(
             "serve_app_records_translated_again_total",
-            description="Records a translation model cut short (source past its input length, or output at "
-            "max_new_tokens), translated again in pieces of whole sentences.", tag_keys=tags)
+            description="Records translated in pieces of whole sentences: a source past the model's input length "
+            "(split before the model runs), or an output cut at max_new_tokens (translated again).", tag_keys=tags)
         self.failures = Counter(
             "serve_app_model_failures_total", description="Model calls that raised.", tag_keys=tags)
 

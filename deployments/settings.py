@@ -69,9 +69,9 @@ class TranslationSettings(Section):
     num_beams: int = Field(1, ge=1, description="1 is greedy decoding (fastest; batch-invariant).")
     max_new_tokens: int = Field(256, ge=1, description=(
         "Longest translation of one model call, in tokens. For `transformers` and `ctranslate2`, a record whose "
-        "translation reaches it, or whose source is longer than the model reads (its `max_input_length`, Marian "
-        "512 tokens), is translated again in pieces of whole sentences and the pieces joined "
-        "(`serve_app_records_translated_again_total`); see [api.md](api.md#long-texts)."))
+        "source is longer than the model reads (its `max_input_length`, Marian 512 tokens) is translated in pieces "
+        "of whole sentences, the pieces joined; one whose translation reaches `max_new_tokens` is translated again "
+        "so (`serve_app_records_translated_again_total` counts both); see [api.md](api.md#long-texts)."))
     min_new_tokens: Optional[int] = Field(
         None, ge=0,
         description="For `transformers` and `ctranslate2`: end-of-sentence is suppressed until this many tokens "

@@ -83,6 +83,21 @@ def join(translations: Sequence[str], pieces: Sequence[tuple[str, str]], languag
                    for text, (_, separator) in zip(translations, pieces)).strip()
 
 
+def with_pieces(texts: list[str], pieces: dict[int, list[tuple[str, str]]]) -> list[str]:
+    """`texts` with each one that `pieces` names replaced by its pieces' texts, in order."""
+    return [piece for i, text in enumerate(texts) for piece in ([p for p, _ in pieces[i]] if i in pieces else [text])]
+
+
+def join_pieces(texts: list[str], pieces: dict[int, list[tuple[str, str]]], out: list[str], target: str) -> list[str]:
+    """The translations of `with_pieces(texts, pieces)` (`out`) back to one per text, pieces joined."""
+    joined = []
+    for i in range(len(texts)):
+        count = len(pieces[i]) if i in pieces else 1
+        part, out = out[:count], out[count:]
+        joined.append(join(part, pieces[i], target) if i in pieces else part[0])
+    return joined
+
+
 class CutText(str):
     """A translation the model cut short: its source was longer than the model reads, or its output
     reached `max_new_tokens`. Compares and serialises as the plain text it is."""

@@ -149,3 +149,27 @@ def test_a_fixed_length_is_not_translated_again(tiny_marian_dir, marian_backend,
     texts, _ = loop.run_until_complete(replica.translate(Chunk("en", "de", [PARAGRAPH])))
     assert replica.stats()["translated_again"] == 0
     assert texts == replica.backend.translate([PARAGRAPH], "en", "de")
+
+
+def test_a_source_past_the_input_goes_in_as_its_pieces_in_the_same_call(translator, loop, monkeypatch):
+    """A record whose source fills `max_input_length` is split before the model runs, not decoded whole to a
+    certain cut first; its answer is the join of its pieces' translations, as before (static and continuous)."""
+    backend = translator.backend
+    backend.max_input_length = 10  # what a long text meets at 512 tokens (Marian)
+    long_text, short = "The cat sat on the mat. It was a sunny day! Where did the dog go?", "Hi."
+    assert backend.token_lengths([long_text], "en") == [10] and len(long_text) > 10
+    pieces = pieces_of(long_text, TEST_MAX_NEW_TOKENS)
+    assert len(pieces) > 1
+    expected = backend.translate([p for p, _ in pieces] + [short], "en", "de")
+    # what each path hands the model: the static batch's model call, the continuous scheduler's intake
+    owner, name = ((backend, "translate") if translator._continuous is None
+                   else (translator._continuous.scheduler, "submit"))
+    sent, first = [], getattr(owner, name)
+    monkeypatch.setattr(owner, name, lambda texts, *args: sent.append(list(texts)) or first(texts, *args))
+
+    texts, _ = loop.run_until_complete(translator.translate(Chunk("en", "de", [long_text, short])))
+    assert sent == [[p for p, _ in pieces] + [short]]  # one call, the whole text never in it
+    assert texts == [join(expected[:-1], pieces), expected[-1]]
+    assert translator.stats()["translated_again"] == 1
+    # a text as long in characters whose source fits is not split
+    assert translator._overlong_pieces(["one two three four five six"], "en") == {}
