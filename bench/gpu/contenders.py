@@ -83,7 +83,7 @@ class ContinuousEngine:
         from deployments.continuous_batching import ContinuousScheduler
 
         self.backend, self.steps = backend, []  # every StepOutcome
-        self.stamps: list[float] = []  # when each of `steps` ended (perf_counter)
+        self.starts: list[float] = []  # when each of `steps` began (perf_counter)
         began = time.perf_counter()
         self.scheduler = ContinuousScheduler(backend, max_running_sequences=batch, max_cached_tokens=None,
                                              max_new_tokens=200, join_interval_steps=join_interval_steps,
@@ -93,8 +93,12 @@ class ContinuousEngine:
         self.warm_up_captures = getattr(self.scheduler.decoder, "captures", None)
 
     def _record(self, outcome) -> None:
+        # When its iteration began (the scheduler's monotonic stamp) on perf_counter's clock. Not "now minus
+        # its seconds": the event loop can take the GIL between the step's end and this callback, and a
+        # request's last step then looked as if it began after the request was answered (CI, 2026-11-29).
+        # One expression calls no Python code, so no other thread runs between the two clocks' reads.
+        self.starts.append(time.perf_counter() - time.monotonic() + self.scheduler.iteration_began)
         self.steps.append(outcome)
-        self.stamps.append(time.perf_counter())
 
     async def close(self) -> None:
         self.scheduler.shutdown()
@@ -116,11 +120,11 @@ class ContinuousEngine:
                 "step_ms_p50_with_joins": round(1000 * pct(joined, 0.5), 2) if joined else None}
 
 
-def life_of(stamps: list[float], outcomes: list, start: float, end: float) -> dict:
+def life_of(starts: list[float], outcomes: list, start: float, end: float) -> dict:
     """What the decoding thread did between `start` and `end` (one request's life): its steps, those that
-    took sentences in (their encoder passes included) and the plain ones. `stamps`: when each outcome's step
-    ended; a step counts if it began inside, so a request's own steps all count (it is answered after them)."""
-    life = [o for t, o in zip(stamps, outcomes) if start <= t - o.seconds < end and o.running and not o.failed]
+    took sentences in (their encoder passes included) and the plain ones. `starts`: when each outcome's step
+    began; a step counts if it began inside, so a request's own steps all count (it is answered after them)."""
+    life = [o for t, o in zip(starts, outcomes) if start <= t < end and o.running and not o.failed]
     plain = [o.seconds for o in life if not o.joined]
     joins = [o.seconds for o in life if o.joined]
     return {"steps": len(life), "steps_s": round(sum(o.seconds for o in life), 3),

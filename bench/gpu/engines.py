@@ -96,13 +96,13 @@ async def open_loop(engine, texts: list[str], rate: float, seed: int, solo: dict
     if engine_ratios:
         cell["p50_over_solo_continuous"] = round(pct(engine_ratios, 0.5), 2)
     if isinstance(engine, ContinuousEngine):  # where the slowest request's time went: its steps, others' joins
-        whole = life_of(engine.stamps, engine.steps, began, ended)
+        whole = life_of(engine.starts, engine.steps, began, ended)
         cell["decoding_busy_fraction"] = round(whole["steps_s"] / (ended - began), 2)
         latency, arrival, text = max(lives)
         alone = solo.get(text, ())
         cell["slowest"] = {"latency_s": round(latency, 3), "output_tokens": engine.backend.lengths.get(text),
                            "solo_continuous_s": round(alone[2], 3) if len(alone) > 2 else None,
-                           **life_of(engine.stamps, engine.steps, arrival, arrival + latency)}
+                           **life_of(engine.starts, engine.steps, arrival, arrival + latency)}
     return cell
 
 

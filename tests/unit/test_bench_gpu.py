@@ -152,7 +152,7 @@ def test_the_engine_bench_runs_bentoml_over_http_and_stops_it(tmp_path):
     assert left.stdout == "", left.stdout
 
 
-def test_a_life_counts_the_steps_that_ended_within_it_and_splits_joins_from_plain_steps():
+def test_a_life_counts_the_steps_that_began_within_it_and_splits_joins_from_plain_steps():
     from types import SimpleNamespace as Step
 
     from bench.gpu.contenders import life_of
@@ -160,9 +160,9 @@ def test_a_life_counts_the_steps_that_ended_within_it_and_splits_joins_from_plai
     steps = [Step(running=2, joined=1, seconds=0.05, failed=False), Step(running=3, joined=0, seconds=0.02, failed=False),
              Step(running=3, joined=0, seconds=0.04, failed=False), Step(running=0, joined=1, seconds=0.01, failed=True),
              Step(running=4, joined=1, seconds=0.06, failed=False), Step(running=1, joined=0, seconds=0.02, failed=False)]
-    ends = [1.01, 2.02, 3.04, 4.01, 5.06, 6.02]  # steps began at 1, 2, 3, 4, 5, 6
-    life = life_of(ends, steps, 2.0, 5.5)  # the failed step is no step of the batch
+    starts = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    life = life_of(starts, steps, 2.0, 5.5)  # the failed step is no step of the batch
     assert life == {"steps": 3, "steps_s": 0.12, "join_steps": 1, "join_steps_s": 0.06, "plain_step_ms_p50": 30.0,
                     "mean_running": 3.3}
-    assert life_of([2.04], steps[:1], 2.0, 3.0) == {"steps": 0, "steps_s": 0, "join_steps": 0, "join_steps_s": 0,
+    assert life_of([1.99], steps[:1], 2.0, 3.0) == {"steps": 0, "steps_s": 0, "join_steps": 0, "join_steps_s": 0,
                                                    "plain_step_ms_p50": None, "mean_running": 0}
