@@ -6,7 +6,8 @@ Kubernetes, on `kubectl delete pod` (and on a scale-down, a rollout, a node drai
    (here: `Node.terminating`, which the tests' Service leaves out);
 2. sends SIGTERM to the container's main process: `ray start --block`, which KubeRay's
    `bash -lc "...; ray start ... --block"` execs (the last command of a `bash -c` string is exec'd);
-3. SIGKILLs whatever is left when `terminationGracePeriodSeconds` (30 s unless the pod sets it) has passed.
+3. SIGKILLs it if it is still running when `terminationGracePeriodSeconds` (30 s unless the pod sets it)
+   has passed. When the main process exits, the container stops and the runtime kills whatever it left.
 
 The manifests declare no preStop hook, so there is none to run.
 """
@@ -26,16 +27,16 @@ from .view import wait_until
 
 @dataclass
 class PodDeletion:
-    """What a deletion took: when the pod's last process exited (None: the grace period ran out first)
-    and how many processes were SIGKILLed then."""
+    """What a deletion took: when `ray start` exited (None: the grace period ran out first, and it was
+    SIGKILLed), and how many processes it left for the runtime to kill."""
 
     grace_s: float
     stopped_after_s: Optional[float] = None
-    killed: int = 0
+    left_behind: int = 0
 
     @property
     def graceful(self) -> bool:
-        return self.stopped_after_s is not None and not self.killed
+        return self.stopped_after_s is not None
 
 
 def delete_pod(cluster, node: Node) -> PodDeletion:
@@ -45,29 +46,15 @@ def delete_pod(cluster, node: Node) -> PodDeletion:
     node.terminating = True
     if node.alive:
         node.proc.send_signal(signal.SIGTERM)
-
-    def stopped() -> bool:
-        return not cluster.network.pids(node.namespace)
-
-    if _wait(stopped, result.grace_s):
-        result.stopped_after_s = round(time.monotonic() - began, 1)
-    else:
-        result.killed = len(kill_namespace_processes(node.namespace))
-        wait_until(stopped, 30, f"{node.name}'s processes to exit", 0.2)
-    if node.proc is not None:
         try:
-            node.proc.wait(timeout=10)
+            node.proc.wait(timeout=result.grace_s)
+            result.stopped_after_s = round(time.monotonic() - began, 1)
         except subprocess.TimeoutExpired:
-            pass
-    cluster.log(f"deleted {node.name}'s pod: " + (f"stopped after {result.stopped_after_s} s" if result.graceful
-                                                  else f"{result.killed} processes SIGKILLed after {result.grace_s:.0f} s"))
+            node.proc.kill()
+            node.proc.wait(timeout=10)
+    result.left_behind = len(kill_namespace_processes(node.namespace))
+    wait_until(lambda: not cluster.network.pids(node.namespace), 30, f"{node.name}'s processes to exit", 0.2)
+    cluster.log(f"deleted {node.name}'s pod: " + (f"`ray start` exited after {result.stopped_after_s} s"
+                                                  if result.graceful else f"SIGKILLed after {result.grace_s:.0f} s")
+                + f", {result.left_behind} processes left behind")
     return result
-
-
-def _wait(condition, timeout_s: float, poll_s: float = 0.2) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(poll_s)
-    return True

@@ -25,6 +25,7 @@ def test_a_worker_pod_deleted_under_load_drains_first_and_no_request_fails(clust
     ready(cluster)
     victim, held = pod_to_lose(cluster)
     deleted_url = cluster.serve_url(victim)
+    log_before = victim.log_path.stat().st_size if victim.log_path.exists() else 0
     with Load(endpoints, cluster.api_key, clients=16) as load:
         load.wait_answers(30, 60)
         deleted_at = time.monotonic()
@@ -38,11 +39,16 @@ def test_a_worker_pod_deleted_under_load_drains_first_and_no_request_fails(clust
     summary = summarize(requests)
     figures["cluster_worker_pod_deleted"] = {
         "victim_held": held, "grace_s": deletion.grace_s, "pod_stopped_after_s": deletion.stopped_after_s,
-        "processes_killed_at_grace_end": deletion.killed, "at_full_strength_when_it_stopped": whole_when_stopped,
+        "processes_left_behind": deletion.left_behind, "at_full_strength_when_it_stopped": whole_when_stopped,
         **summary}
-    assert deletion.graceful, f"the pod was still running when its grace period ran out: {deletion}"
-    assert "finished draining" in victim.log_path.read_text(errors="replace"), (
-        f"Ray did not say that {victim.name} drained: {victim.log_tail(12)}")
-    failed = [r for r in requests if r.final.status != 200 or len(r.attempts) > 1]
-    assert not failed, (f"requests not answered 200 at the first try while the pod drained: {summary}; "
+    # The pod is KubeRay's again (it recreates a deleted worker pod): up for the next test, as the others leave it.
+    cluster.restore()
+    assert deletion.graceful, f"`ray start` was still running when the grace period ran out: {deletion}"
+    with victim.log_path.open("rb") as log:
+        log.seek(log_before)
+        said = log.read().decode(errors="replace")
+    assert "finished draining" in said, f"Ray did not say that {victim.name} drained: {said[-2000:]}"
+    # As the contract allows (200, or 503 + Retry-After), at the first try: none cut, none resent.
+    failed = [r for r in requests if not r.ok or len(r.attempts) > 1]
+    assert not failed, (f"requests failed or resent while the pod drained: {summary}; "
                         f"{describe_failed(failed, deleted_at, deleted_url)}")
