@@ -17,7 +17,6 @@ import logging
 import time
 from typing import Any, Optional
 
-from .backends.segments import join_pieces, with_pieces
 from .batching import Chunk
 from .continuous_batching import ContinuousScheduler, StepOutcome
 from .health import FAILURES_BEFORE_UNHEALTHY
@@ -95,17 +94,12 @@ class ContinuousTranslation:
         replica._stats["enqueued"] += records
         replica.metrics.count_enqueued(records)
         priority = Priority.BACKGROUND if background else Priority.INTERACTIVE
-        # A record past the model's input joins the batch as its pieces (Translator._overlong_pieces).
-        pieces = replica._overlong_pieces(chunk.texts, chunk.source)
-        future = self.scheduler.submit(with_pieces(chunk.texts, pieces), chunk.source, chunk.target, priority)
+        future = self.scheduler.submit(chunk.texts, chunk.source, chunk.target, priority)
         try:
-            texts, batch = await asyncio.wrap_future(future)
+            return await asyncio.wrap_future(future)
         except asyncio.CancelledError:
             future.cancel()
             raise
-        if pieces:
-            replica._count_in_pieces(len(pieces))
-        return join_pieces(chunk.texts, pieces, texts, chunk.target), batch
 
     def info(self) -> dict:
         return {"max_running_sequences": self.settings.max_running_sequences,

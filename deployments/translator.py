@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from concurrent.futures import Future
 
@@ -9,6 +10,7 @@ from ray import serve
 
 from .backends import load_translation_backend
 from .backends.segments import MAX_SEGMENT_CHARS, CutText, join, join_pieces, pack, segment, with_pieces
+from .backends.token_counts import SourceTokenCounter
 from .batch_config import TRANSLATOR_BATCH, model_deployment_options
 from .batching import Chunk, count_records, run_grouped
 from .length_batching import run_token_batched
@@ -40,6 +42,7 @@ class Translator(ModelReplica):
         threads = threads_for_share(cpu_share(), self.settings.num_threads)
         self.backend = load_translation_backend(self.settings, threads)
         self.backend.warm_up()
+        self._token_counter = SourceTokenCounter.for_backend(self.backend)
         self._init_replica()
         self._stats["translated_again"] = 0  # records translated in pieces: past the model's input, or cut
         # scheduling: continuous -> one decoding loop owns the batch (deployments/continuous_translation.py).
@@ -73,7 +76,14 @@ class Translator(ModelReplica):
         is longer than the model reads goes to the model as its pieces of whole sentences (`pieces_of`); one
         the model still cut short (its translation at max_new_tokens) is translated again in pieces, if it
         has several; if that fails, it stays as the first pass gave it."""
-        texts, batch = await self._translate_once(chunk, background)
+        overlong = await self._overlong_pieces(chunk.texts, chunk.source)
+        if overlong:  # translated as their pieces at once: their whole source would only be decoded to a cut
+            self._count_in_pieces(len(overlong))
+            texts, batch = await self._translate_once(
+                Chunk(chunk.source, chunk.target, with_pieces(chunk.texts, overlong)), background)
+            texts = join_pieces(chunk.texts, overlong, texts, chunk.target)
+        else:
+            texts, batch = await self._translate_once(chunk, background)
         pieces = {i: pieces_of(chunk.texts[i], self.settings.max_new_tokens)
                   for i, text in enumerate(texts) if isinstance(text, CutText)}
         again = [i for i in pieces if len(pieces[i]) > 1]
@@ -90,6 +100,28 @@ class Translator(ModelReplica):
                 texts[i], parts = join(parts[:len(pieces[i])], pieces[i], chunk.target), parts[len(pieces[i]):]
             batch = max(batch, piece_batch)
         return [str(text) for text in texts], batch
+
+    async def _overlong_pieces(self, texts: list[str], source: str) -> dict[int, list[tuple[str, str]]]:
+        """{index: pieces} of the records whose source fills the model's input (it cannot read them whole),
+        where they have several pieces. Only records with more characters than the input has tokens are
+        counted, on a thread and a tokenizer of their own (token_counts.py); a record past the input with
+        fewer characters is rare, and is still cut and translated again below."""
+        limit = self._token_counter.max_input_length if self._token_counter is not None else None
+        long = [i for i, text in enumerate(texts) if limit and len(text) > limit]
+        if not long:
+            return {}
+        try:
+            counts = await asyncio.to_thread(self._token_counter, [texts[i] for i in long], source)
+        except Exception as exc:  # noqa: BLE001 - then they go whole, and are cut and translated again below
+            logger.warning("counting the source tokens of %d long records failed (%s: %s)", len(long),
+                           type(exc).__name__, exc)
+            return {}
+        found = {i: pieces_of(texts[i], self.settings.max_new_tokens) for i, n in zip(long, counts) if n >= limit}
+        return {i: found_pieces for i, found_pieces in found.items() if len(found_pieces) > 1}
+
+    def _count_in_pieces(self, records: int) -> None:
+        self._stats["translated_again"] += records
+        self.metrics.count_translated_again(records)
 
     async def _translate_once(self, chunk: Chunk, background: bool) -> tuple[list[str], int]:
         if self._continuous is not None:
@@ -108,39 +140,8 @@ class Translator(ModelReplica):
                            lambda pair, texts: self._translate_texts(texts, pair[0], pair[1]), isolate=True)
 
     def _translate_texts(self, texts: list[str], source: str, target: str) -> list[str]:
-        """One language pair's records of a batch, in one model call. A record past what the model reads
-        (its source fills `max_input_length` tokens) goes in as its pieces (`pieces_of`) and comes out
-        joined, rather than decoded whole to a cut that `translate` would then translate again."""
-        pieces = self._overlong_pieces(texts, source)
-        if not pieces:
-            return self._translate_flat(texts, source, target)
-        joined = join_pieces(texts, pieces, self._translate_flat(with_pieces(texts, pieces), source, target), target)
-        loop = self._loop
-        if loop is None:
-            self._count_in_pieces(len(pieces))
-        else:  # the model thread: the stats and metrics are the replica loop's
-            loop.call_soon_threadsafe(self._count_in_pieces, len(pieces))
-        return joined
-
-    def _overlong_pieces(self, texts: list[str], source: str) -> dict[int, list[tuple[str, str]]]:
-        """{index: pieces} of the records whose source fills the model's input, where they have several
-        pieces. Only records longer in characters than the input is in tokens are tokenized to tell (one
-        with fewer characters is rare past it, and still cut and translated again by `translate`)."""
-        limit = getattr(self.backend, "max_input_length", None)
-        long = [i for i, text in enumerate(texts) if limit and len(text) > limit]
-        if not long:
-            return {}
-        lengths = self.backend.token_lengths([texts[i] for i in long], source)
-        found = {i: pieces_of(texts[i], self.settings.max_new_tokens) for i, n in zip(long, lengths) if n >= limit}
-        return {i: found_pieces for i, found_pieces in found.items() if len(found_pieces) > 1}
-
-    def _count_in_pieces(self, records: int) -> None:
-        self._stats["translated_again"] += records
-        self.metrics.count_translated_again(records)
-
-    def _translate_flat(self, texts: list[str], source: str, target: str) -> list[str]:
-        """One model call, or with `max_batch_tokens` set, the texts sorted by token length and cut into
-        calls of at most that many padded tokens."""
+        """One language pair's records of a batch: one model call, or with `max_batch_tokens` set,
+        sorted by token length and cut into calls of at most that many padded tokens."""
         budget = self.batch_config.max_batch_tokens
         if budget is None or len(texts) < 2:
             return self.backend.translate(texts, source, target)

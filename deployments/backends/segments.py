@@ -88,8 +88,12 @@ def with_pieces(texts: list[str], pieces: dict[int, list[tuple[str, str]]]) -> l
     return [piece for i, text in enumerate(texts) for piece in ([p for p, _ in pieces[i]] if i in pieces else [text])]
 
 
-def join_pieces(texts: list[str], pieces: dict[int, list[tuple[str, str]]], out: list[str], target: str) -> list[str]:
+def join_pieces(texts: list[str], pieces: dict[int, list[tuple[str, str]]], out: list[str],
+                target: Optional[str] = None) -> list[str]:
     """The translations of `with_pieces(texts, pieces)` (`out`) back to one per text, pieces joined."""
+    expected = len(texts) + sum(len(p) - 1 for p in pieces.values())
+    if len(out) != expected:
+        raise ValueError(f"{len(out)} translations for {expected} texts and pieces")
     joined = []
     for i in range(len(texts)):
         count = len(pieces[i]) if i in pieces else 1

