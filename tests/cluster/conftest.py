@@ -3,7 +3,8 @@ kuberay/rayservice-cpu.yaml (deploy/local_cluster), hurt while clients send requ
 
 `make cluster-test` runs them; CI runs those marked smoke (`make cluster-smoke`). They need root
 (network namespaces) and iproute2; a run without them skips, except in CI (CI=true), where it fails. One cluster serves every test, module
-after module, each in its file's order (each test leaves it at full strength for the next); every
+after module, each in its file's order (each starts with `helpers.ready`: every pod up, every deployment at
+full strength, whatever the test before left); every
 namespace, link and process it made is removed at the end, also after a failure. Measured
 figures are printed and saved in reports/cluster/figures.json (docs/deploy.md quotes them).
 """

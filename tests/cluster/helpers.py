@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import re
 import time
 from collections import Counter
@@ -214,3 +215,22 @@ def controller_recovery(cluster: LocalCluster) -> dict[str, dict[str, int]]:
     for name in _STOPPED_RECOVERING.findall(text):
         found.setdefault(name, {"found_live": 0, "stopped_on_recovery": 0})["stopped_on_recovery"] += 1
     return found
+
+
+# -- in-place updates (a serveConfigV2 changed) ------------------------------------------------------
+
+def updated_config(config: dict, change) -> dict:
+    new = copy.deepcopy(config)
+    change(new["applications"][0])
+    return new
+
+
+def deployment_of(app: dict, name: str) -> dict:
+    return next(d for d in app["deployments"] if d["name"] == name)
+
+
+def translator_batch_size(cluster):
+    try:
+        return deployments(cluster)["Translator"]["deployment_config"]["user_config"]["max_batch_size"]
+    except Exception:  # noqa: BLE001 - mid-update: not yet
+        return None

@@ -202,7 +202,7 @@ def test_every_ray_container_gets_the_launchers_control_plane_ticks():
 
 
 def test_every_worker_group_drains_its_ray_node_within_its_grace_period(rayservice):
-    """A deleted worker pod drains its Ray node on SIGTERM (measured: tests/cluster/test_pod_deletion.py):
+    """A deleted worker pod drains its Ray node on SIGTERM (measured: tests/cluster/test_cluster.py):
     for longer than Ray's default 30 s, and Kubernetes' SIGKILL only after the drain, with room to stop."""
     for group in rayservice["spec"]["rayClusterConfig"]["workerGroupSpecs"]:
         env = {e["name"]: e.get("value") for e in _container(group["template"]).get("env", [])}
