@@ -91,7 +91,7 @@ cluster: install-test
 cluster-test: install-test
 	$(BIN)/python -m pytest tests/cluster
 
-## The cluster smoke CI runs (marked smoke; ~4 min here): cluster up, deploy, a worker lost, a worker pod deleted, down.
+## The cluster smoke CI runs (marked smoke; ~6 min): cluster up, deploy, a worker lost under load, down.
 cluster-smoke: install-test
 	$(BIN)/python -m pytest tests/cluster -m smoke
 
