@@ -9,7 +9,7 @@ from concurrent.futures import Future
 from ray import serve
 
 from .backends import load_translation_backend
-from .backends.segments import MAX_SEGMENT_CHARS, CutText, join, join_pieces, pack, segment, with_pieces
+from .backends.segments import MAX_SEGMENT_CHARS, CutText, join_pieces, pack, segment, with_pieces
 from .backends.token_counts import SourceTokenCounter
 from .batch_config import TRANSLATOR_BATCH, model_deployment_options
 from .batching import Chunk, count_records, run_grouped
@@ -89,16 +89,17 @@ class Translator(ModelReplica):
         again = [i for i in pieces if len(pieces[i]) > 1]
         if again:
             self._count_in_pieces(len(again))
-            flat = Chunk(chunk.source, chunk.target, [piece for i in again for piece, _ in pieces[i]])
+            cut = [chunk.texts[i] for i in again]
+            cut_pieces = {n: pieces[i] for n, i in enumerate(again)}
             try:
-                parts, piece_batch = await self._translate_once(flat, background)
+                parts, piece_batch = await self._translate_once(
+                    Chunk(chunk.source, chunk.target, with_pieces(cut, cut_pieces)), background)
+                for i, text in zip(again, join_pieces(cut, cut_pieces, parts, chunk.target)):
+                    texts[i] = text
+                batch = max(batch, piece_batch)
             except Exception as exc:  # noqa: BLE001 - the first pass stands: cut, but the call's other records kept
                 logger.warning("translating %d cut records again in pieces failed (%s): kept as cut",
                                len(again), type(exc).__name__)
-                parts, piece_batch, again = [], 0, []
-            for i in again:
-                texts[i], parts = join(parts[:len(pieces[i])], pieces[i], chunk.target), parts[len(pieces[i]):]
-            batch = max(batch, piece_batch)
         return [str(text) for text in texts], batch
 
     async def _overlong_pieces(self, texts: list[str], source: str) -> dict[int, list[tuple[str, str]]]:

@@ -20,9 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from .netns import kill_namespace_processes
 from .node import Node
-from .view import wait_until
 
 
 @dataclass
@@ -52,8 +50,7 @@ def delete_pod(cluster, node: Node) -> PodDeletion:
         except subprocess.TimeoutExpired:
             node.proc.kill()
             node.proc.wait(timeout=10)
-    result.left_behind = len(kill_namespace_processes(node.namespace))
-    wait_until(lambda: not cluster.network.pids(node.namespace), 30, f"{node.name}'s processes to exit", 0.2)
+    result.left_behind = cluster.kill_node(node)  # the container runtime kills what `ray start` left
     cluster.log(f"deleted {node.name}'s pod: " + (f"`ray start` exited after {result.stopped_after_s} s"
                                                   if result.graceful else f"SIGKILLed after {result.grace_s:.0f} s")
                 + f", {result.left_behind} processes left behind")
