@@ -1,5 +1,5 @@
 """Jobs in Redis (what the RayServices run), against Debian's redis-server started here with a
-password and AOF persistence: in the middle of a 2,000-record translation job, redis-server is
+password and AOF persistence: in the middle of a 1,000-record translation job, redis-server is
 SIGKILLed (GET /jobs answers 503 `job_store_unavailable` meanwhile) and started again, then the
 JobManager replica is SIGKILLed too. The job is readable throughout the restarts, resumes after its
 stored chunks and its result equals the same records sent to /translation. docs/jobs.md quotes it.
@@ -18,7 +18,8 @@ import pytest
 from tests.redis_server import RedisServer
 
 from .harness import ServeRun, wait_for
-from .test_jobs_restarts import RESUMED, _direct, _finished, _payload, _submit, _view, _wait_progress
+from .test_jobs_restarts import (CHUNK_RECORDS, RECORDS, RESUMED, _direct, _finished, _payload, _submit, _view,
+                                 _wait_progress)
 
 
 @pytest.mark.smoke  # CI: make chaos-smoke
@@ -34,7 +35,7 @@ def test_jobs_in_redis_survive_a_redis_restart_and_a_job_manager_kill(own_run, t
         run.start()
         with httpx.Client(base_url=run.url, timeout=120) as http:
             done = _finished(http, _submit(http, _payload(3, f"done-{tag}"), f"done-{tag}")["job_id"])
-            payload = _payload(2000, tag)
+            payload = _payload(RECORDS, tag)
             job = _submit(http, payload, f"big-{tag}")
             at_redis_kill = _wait_progress(http, job["job_id"], 320)["progress"]["records_done"]
             redis.kill(signal.SIGKILL)
@@ -60,9 +61,9 @@ def test_jobs_in_redis_survive_a_redis_restart_and_a_job_manager_kill(own_run, t
     assert back["progress"]["records_done"] >= at_redis_kill  # nothing acknowledged was lost
     assert view["status"] == "succeeded" and view["result"]["result"] == direct
     assert kept == done
-    assert resumed and max(stored for stored, _ in resumed) * 64 >= at_manager_kill["progress"]["records_done"]
+    assert resumed and max(stored for stored, _ in resumed) * CHUNK_RECORDS >= at_manager_kill["progress"]["records_done"]
     figures["jobs_redis_restarts"] = {
-        "records_total": 2000, "records_done_at_redis_kill": at_redis_kill,
+        "records_total": RECORDS, "records_done_at_redis_kill": at_redis_kill,
         "records_done_after_redis_restart": back["progress"]["records_done"],
         "records_done_at_job_manager_kill": at_manager_kill["progress"]["records_done"],
         "chunks_stored_when_resumed": [stored for stored, _ in resumed], "chunks_total": resumed[0][1],
