@@ -5,7 +5,7 @@ leaves the cluster at full strength for the next. The pod is lost first, while t
 at its minimum (after the ramp, the autoscaled replicas would not fit on the surviving pods until
 they scale down; on Kubernetes the Ray autoscaler would add a pod for them); a pod is deleted (it
 drains first) after it, not before: the lost pod's replacements then landed on the deleted pod, started
-again cold, and took 77 s (ci-local, 2026-11-29).
+again cold, and took 77 s (ci-local, 2026-11-29). The head goes last: lost (SIGKILLed), then its pod deleted.
 
 Why this module is long: the order of these tests is part of what they test (the states each leaves
 for the next), and one module is the order pytest keeps.
@@ -247,12 +247,15 @@ def test_a_ramp_scales_replicas_across_nodes(cluster, endpoints, figures, tmp_pa
     assert not not_ok, f"{len(not_ok)} requests failed during the ramp: {summary}"
 
 
-def test_the_head_restarted_with_gcs_fault_tolerance(cluster, endpoints, figures):
+@pytest.mark.parametrize("how", ["lost", "deleted"])
+def test_the_head_restarted_with_gcs_fault_tolerance(cluster, endpoints, figures, how):
     """The head lost in the middle of a downscale, as CI once hit by chance: the ramp before left replicas
     above the minimum, and the head dies while the autoscaler stops some. Serve's recovering controller
     then stops as many again, not knowing which were draining; the cluster profile's downscaling_factor
     keeps a replica of every deployment running through it, and a call no replica takes is 503, never a
-    hang (CLUSTER_DOWNSCALING_FACTOR in deploy/serve_profiles.py, HandleClient in serve_app/model_clients.py)."""
+    hang (CLUSTER_DOWNSCALING_FACTOR in deploy/serve_profiles.py, HandleClient in serve_app/model_clients.py).
+    Then (the app at its minimum) the head's pod deleted as Kubernetes deletes it (kubelet.py): the head
+    holds no replica and no traffic, so it has nothing to drain and must stop well within its grace period."""
     assert cluster.spec.gcs_ft is not None, "the RayService must set gcsFaultToleranceOptions"
     ready(cluster)
     before_ids = replica_ids(cluster)
@@ -271,7 +274,9 @@ def test_the_head_restarted_with_gcs_fault_tolerance(cluster, endpoints, figures
         jobs["across"] = (submit_job(endpoints.ready(), cluster.api_key, job_payload(300, "across-head"),
                                      key=uuid.uuid4().hex), 300, "across-head")
         down_at = time.monotonic()
-        cluster.kill_node(cluster.head)
+        deletion = cluster.delete_pod(cluster.head) if how == "deleted" else None
+        if deletion is None:
+            cluster.kill_node(cluster.head)
         # The head is away for a while, as a pod being rescheduled: the workers keep answering.
         load.wait_answers(40, 60, started_from=down_at)
         outage = load.since(down_at)
@@ -285,7 +290,9 @@ def test_the_head_restarted_with_gcs_fault_tolerance(cluster, endpoints, figures
     after_config = {name: d["deployment_config"] for name, d in deployments(cluster).items()}
     outage_summary = summarize(outage)
     jobs_after = {name: finished_job(endpoints.ready, cluster.api_key, job_id, 240) for name, (job_id, _, _) in jobs.items()}
-    figures["cluster_head_restart"] = {
+    figures[f"cluster_head_{how}"] = {
+        "pod_deleted": deletion and {"grace_s": deletion.grace_s, "ray_start_exited_after_s": deletion.stopped_after_s,
+                                     "processes_left_behind": deletion.left_behind},
         "above_minimum_before": above_minimum, "stopping_at_kill": stopping_at_kill,
         "restarted_controller": controller_recovery(cluster),
         "answered_during_outage": outage_summary["statuses"].get("200", 0),
@@ -293,9 +300,11 @@ def test_the_head_restarted_with_gcs_fault_tolerance(cluster, endpoints, figures
         "whole": summarize(requests),
         "replicas_kept": {k: len(before_ids[k] & after_ids.get(k, set())) for k in before_ids},
         "jobs_after_the_restart": {name: job["status"] for name, job in jobs_after.items()}}
-    print(figures["cluster_head_restart"])
+    print(figures[f"cluster_head_{how}"])
     assert not [r for r in requests if not r.ok], summarize(requests)
     assert outage_summary["statuses"].get("200", 0) >= 40
+    if deletion is not None:  # SIGKILLed after its grace period with Ray's default 30 s drain, having drained nothing
+        assert deletion.graceful and deletion.stopped_after_s < deletion.grace_s / 2, deletion
     assert after_config == before_config
     for name, (_, records, tag) in jobs.items():
         job = jobs_after[name]

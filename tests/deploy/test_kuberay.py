@@ -210,3 +210,13 @@ def test_every_worker_group_drains_its_ray_node_within_its_grace_period(rayservi
         grace_s = group["template"]["spec"].get("terminationGracePeriodSeconds", 30)
         assert 60 <= drain_s <= grace_s - 15, (group["groupName"], drain_s, grace_s)
         assert "lifecycle" not in _container(group["template"]), "one drain: Ray's, on SIGTERM"
+
+
+def test_a_deleted_head_stops_at_once(rayservice):
+    """The head holds no replica (num-cpus 0) and no traffic (excluded from the serve Service): Ray's SIGTERM
+    drain has nothing to move there, so it is off, and the pod stops well within its grace period."""
+    spec = rayservice["spec"]
+    head = spec["rayClusterConfig"]["headGroupSpec"]
+    assert head["rayStartParams"]["num-cpus"] == "0" and spec["excludeHeadPodFromServeSvc"] is True
+    env = {e["name"]: e.get("value") for e in _container(head["template"]).get("env", [])}
+    assert env["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] == "0"
