@@ -156,6 +156,9 @@ def test_make_run_stopped_and_started_again_keeps_every_job(own_run, tmp_path, f
         second.start()
         with httpx.Client(base_url=second.url, timeout=120) as http:
             after_restart = _view(http, running["job_id"])
+            # It must have outlived the stop (1,000 records; the stop took 7 s): else nothing resumed.
+            assert after_restart and after_restart["status"] in ("queued", "running"), \
+                after_restart and (after_restart["status"], after_restart["progress"])
             kept_done, kept_cancelled = _view(http, done["job_id"]), _view(http, cancelled["job_id"])
             view = _finished(http, running["job_id"])
             direct = _direct(http, payload)

@@ -112,10 +112,14 @@ def test_a_cut_record_is_translated_again_by_sentence(translator, marian_backend
     assert translator.stats()["translated_again"] == 1
 
 
-def test_a_failed_second_pass_keeps_the_first(tiny_marian_dir, marian_backend, loop, monkeypatch):
+def _cut_replica(tiny_marian_dir):
     settings = TranslationSettings(backend="transformers", model=str(tiny_marian_dir), device="cpu",
                                    local_files_only=True, max_new_tokens=TEST_MAX_NEW_TOKENS)
-    replica = Translator.func_or_class(settings.model_dump())
+    return Translator.func_or_class(settings.model_dump())
+
+
+def test_a_failed_second_pass_keeps_the_first(tiny_marian_dir, marian_backend, loop, monkeypatch):
+    replica = _cut_replica(tiny_marian_dir)
     _, cut_paragraph, kept = cases(marian_backend)
     first, calls = replica.backend.translate, []
 
@@ -129,6 +133,23 @@ def test_a_failed_second_pass_keeps_the_first(tiny_marian_dir, marian_backend, l
     texts, _ = loop.run_until_complete(replica.translate(Chunk("en", "de", [cut_paragraph, kept])))
     assert texts == first([cut_paragraph, kept], "en", "de")  # the paragraph cut, the other record kept
     assert len(calls) >= 2  # the pieces were tried
+
+
+def test_a_second_pass_a_piece_short_keeps_the_first(tiny_marian_dir, marian_backend, loop, monkeypatch, caplog):
+    replica = _cut_replica(tiny_marian_dir)
+    _, cut_paragraph, kept = cases(marian_backend)
+    once, sent = replica._translate_once, []
+
+    async def a_piece_short(chunk, background):
+        texts, batch = await once(chunk, background)
+        sent.append(list(chunk.texts))
+        return (texts[:-1] if len(sent) > 1 else texts), batch
+
+    monkeypatch.setattr(replica, "_translate_once", a_piece_short)
+    texts, _ = loop.run_until_complete(replica.translate(Chunk("en", "de", [cut_paragraph, kept])))
+    assert texts == replica.backend.translate([cut_paragraph, kept], "en", "de")  # as the first pass gave them
+    assert len(sent) == 2 and len(sent[1]) > 1  # the paragraph's pieces were sent
+    assert "kept as cut" in caplog.text
 
 
 def test_pieces_are_sentences_packed_to_the_budget():
