@@ -189,8 +189,7 @@ class LocalCluster(DashboardView):
         self.log(f"started {node.name} ({node.address}, {node.spec.ray_start_args()})")
 
     def restore(self, timeout_s: float = 180) -> list[str]:
-        """Start again every node that is down (the head first), as the kubelet replaces lost pods,
-        and wait until all are ALIVE; the names of the nodes started."""
+        """Start the down nodes (head first) as the kubelet replaces lost pods, wait until ALIVE; their names."""
         down = [n for n in self.nodes if not n.alive]
         for node in sorted(down, key=lambda n: n.index):
             self.start_node(node)
@@ -229,6 +228,13 @@ class LocalCluster(DashboardView):
         self.network.own(self.redis_proc.pid)
         wait_until(lambda: _redis_ping(self.network.gateway, self.redis_port, self.redis_password), 20, "redis-server")
 
+    def kill_redis(self) -> None:
+        """SIGKILL redis-server: its pod lost (`start_redis` starts it again on its append-only file, as on its PVC)."""
+        if self.redis_proc is not None:
+            self.redis_proc.kill()
+            self.redis_proc.wait()
+            self.redis_proc = None
+
     def stop(self) -> None:
         for node in reversed(self.nodes):
             kill_namespace_processes(node.namespace)
@@ -237,10 +243,7 @@ class LocalCluster(DashboardView):
                     node.proc.wait(timeout=10)
                 except subprocess.TimeoutExpired:
                     pass
-        if self.redis_proc is not None:
-            self.redis_proc.kill()
-            self.redis_proc.wait()
-            self.redis_proc = None
+        self.kill_redis()
         self.network.remove()
         self.cpu.remove()
         # Serve's logs (controller, proxies, replicas of every node) and Ray's own (GCS, raylets, agents,
