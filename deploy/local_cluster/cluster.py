@@ -189,7 +189,11 @@ class LocalCluster(DashboardView):
         self.log(f"started {node.name} ({node.address}, {node.spec.ray_start_args()})")
 
     def restore(self, timeout_s: float = 180) -> list[str]:
-        """Start the down nodes (head first) as the kubelet replaces lost pods, wait until ALIVE; their names."""
+        """Start the down nodes (head first) as the kubelet replaces lost pods, wait until ALIVE; their names.
+        Redis first, if it is down (GCS cannot start without it)."""
+        if self.spec.gcs_ft is not None and (self.redis_proc is None or self.redis_proc.poll() is not None):
+            self.kill_redis()
+            self.start_redis()
         down = [n for n in self.nodes if not n.alive]
         for node in sorted(down, key=lambda n: n.index):
             self.start_node(node)
@@ -204,11 +208,7 @@ class LocalCluster(DashboardView):
     def kill_node(self, node: Node) -> int:
         """SIGKILL every process of `node` (raylet, workers, replicas, its proxy): a lost pod."""
         pids = kill_namespace_processes(node.namespace)
-        if node.proc is not None:
-            try:
-                node.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
+        node.reap()
         wait_until(lambda: not self.network.pids(node.namespace), 30, f"{node.name}'s processes to exit", 0.2)
         self.log(f"killed {node.name}: {len(pids)} processes")
         return len(pids)
@@ -233,16 +233,13 @@ class LocalCluster(DashboardView):
         if self.redis_proc is not None:
             self.redis_proc.kill()
             self.redis_proc.wait()
+            self.network.disown(self.redis_proc.pid)
             self.redis_proc = None
 
     def stop(self) -> None:
         for node in reversed(self.nodes):
             kill_namespace_processes(node.namespace)
-            if node.proc is not None:
-                try:
-                    node.proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    pass
+            node.reap()
         self.kill_redis()
         self.network.remove()
         self.cpu.remove()
@@ -278,7 +275,7 @@ class LocalCluster(DashboardView):
                 return False
             for node in self.nodes:  # joined: a worker now shares the CPU as its request says
                 if node.starting:
-                    node.starting = False
+                    node.joined()
                     if not node.spec.head:
                         self.cpu.set_shares(node.index, self.worker_shares)
             return True
@@ -291,7 +288,7 @@ class LocalCluster(DashboardView):
         kill_namespace_processes(node.namespace)
         pause_s = node.failed_start()
         self.log(f"{node.name}'s `ray start` exited ({node.proc.returncode}) before it joined; starting it "
-                 f"again in {pause_s:.0f} s (start {len(node.failed_starts) + 1}): {node.failed_starts[-1]}")
+                 f"again in {pause_s:.0f} s (start {node.failed_in_a_row + 1}): {node.failed_starts[-1]}")
 
 
 def _redis_ping(host: str, port: int, password: str) -> bool:

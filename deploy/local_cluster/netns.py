@@ -79,6 +79,11 @@ class PodNetwork:
         self.extra_pids.append(pid)
         self._save()
 
+    def disown(self, pid: int) -> None:
+        """Forget a recorded process that has exited (its pid may be reused)."""
+        self.extra_pids = [p for p in self.extra_pids if p != pid]
+        self._save()
+
     def create_bridge(self) -> None:
         self.links.append(self.bridge)
         self._save()

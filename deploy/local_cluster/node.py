@@ -3,6 +3,7 @@ process, and what the kubelet would do when that process fails before the node j
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import time
 from pathlib import Path
@@ -31,8 +32,10 @@ class Node:
         #: when its latest `ray start` was launched (ms since the epoch): only a raylet started after
         #: it is this node (the dashboard can list the lost one at its address as ALIVE a while)
         self.launched_ms = 0.0
-        #: the end of the log of each `ray start` that exited before its node joined
+        #: the end of the log of each `ray start` that exited before its node joined (all of them, for the figures)
         self.failed_starts: list[str] = []
+        #: of those, since the node last joined: its restarts left count from there, as the kubelet's backoff resets
+        self.failed_in_a_row = 0
         #: when to start it again after such an exit (time.monotonic())
         self.restart_at: Optional[float] = None
         #: its pod is being deleted (kubelet.py): out of the Service's endpoints until it starts again
@@ -52,14 +55,24 @@ class Node:
 
     def may_start_again(self) -> bool:
         """Exited before it joined, with a restart left."""
-        return self.exited and self.starting and len(self.failed_starts) < len(START_RETRY_PAUSES_S)
+        return self.exited and self.starting and self.failed_in_a_row < len(START_RETRY_PAUSES_S)
 
     def failed_start(self) -> float:
         """Record an exit before joining; the pause before the next start, in seconds."""
         self.failed_starts.append(self.log_tail())
-        pause_s = START_RETRY_PAUSES_S[len(self.failed_starts) - 1]
+        self.failed_in_a_row += 1
+        pause_s = START_RETRY_PAUSES_S[self.failed_in_a_row - 1]
         self.restart_at = time.monotonic() + pause_s
         return pause_s
+
+    def joined(self) -> None:
+        self.starting, self.failed_in_a_row = False, 0
+
+    def reap(self, timeout_s: float = 10) -> None:
+        """Wait up to `timeout_s` for its `ray start` to exit (after its processes were killed)."""
+        if self.proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=timeout_s)
 
     def due_for_restart(self) -> bool:
         if self.restart_at is None or time.monotonic() < self.restart_at:

@@ -217,3 +217,22 @@ def test_a_stop_asked_for_while_the_cluster_starts_stops_it_then(monkeypatch, tm
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
     assert stopped and stopped[0] - start < 5
+
+
+def test_a_node_gets_its_restarts_again_once_it_has_joined(tmp_path):
+    """Restarts of a `ray start` that exits before joining count from the node's last join, as the kubelet's
+    backoff resets once a container runs: a head restarted several times in one session keeps its restarts."""
+    from deploy.local_cluster.node import START_RETRY_PAUSES_S, Node
+
+    spec = mf.load(CPU, ALL_SECRETS).head
+    node = Node(0, spec, "ns", "198.18.1.10", tmp_path)
+    exited = subprocess.Popen([sys.executable, "-c", "pass"])
+    exited.wait()
+    for session in range(2):
+        node.launched(exited)
+        pauses = []
+        while node.may_start_again():
+            pauses.append(node.failed_start())
+        assert pauses == list(START_RETRY_PAUSES_S), session
+        node.joined()
+    assert len(node.failed_starts) == 2 * len(START_RETRY_PAUSES_S)  # all of them kept, for the figures
