@@ -45,6 +45,16 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.timeout(1200))
 
 
+#: Tests that failed or xfailed: the nodes' and Serve's logs are kept for them (an xfail marks an open
+#: problem, and its logs are the evidence; pytest's testsfailed does not count it).
+_FAILED: list[str] = []
+
+
+def pytest_runtest_logreport(report):
+    if "tests/cluster/" in report.nodeid and (report.failed or (report.skipped and hasattr(report, "wasxfail"))):
+        _FAILED.append(report.nodeid)
+
+
 def _interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -85,8 +95,9 @@ def cluster(figures, request):
     left += [str(local.cpu.base)] if local.cpu.base is not None and local.cpu.base.exists() else []
     stray = [n.name for n in local.nodes if n.alive] + ([local.redis_proc.pid] if local.redis_proc else [])
     assert not left and not stray, f"the local cluster left namespaces, links or cgroups {left} and processes {stray}"
-    if request.session.testsfailed:
-        print(f"\ncluster tests failed: the nodes' logs and Serve's logs are kept in {workdir}")
+    if request.session.testsfailed or _FAILED:
+        print(f"\ncluster tests failed or xfailed ({', '.join(_FAILED)}): the nodes' logs and Serve's logs "
+              f"are kept in {workdir}")
     else:
         shutil.rmtree(workdir, ignore_errors=True)
 

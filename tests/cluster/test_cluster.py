@@ -254,7 +254,7 @@ def test_the_head_restarted_with_gcs_fault_tolerance(cluster, endpoints, figures
     then stops as many again, not knowing which were draining; the cluster profile's downscaling_factor
     keeps a replica of every deployment running through it, and a call no replica takes is 503, never a
     hang (CLUSTER_DOWNSCALING_FACTOR in deploy/serve_profiles.py, HandleClient in serve_app/model_clients.py).
-    Then (the app at its minimum) the head's pod deleted as Kubernetes deletes it (kubelet.py): the head
+    Then the head's pod deleted as Kubernetes deletes it (kubelet.py): the head
     holds no replica and no traffic, so it has nothing to drain and must stop well within its grace period."""
     assert cluster.spec.gcs_ft is not None, "the RayService must set gcsFaultToleranceOptions"
     ready(cluster)

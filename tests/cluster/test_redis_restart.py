@@ -12,7 +12,8 @@ import pytest
 
 from tests.support import wait_for
 
-from .helpers import NODE_START_BOUND_S, ready, replica_ids, wait_full_strength
+from .helpers import (NODE_START_BOUND_S, deployments, minimum_replicas, ready, replica_ids, stopping,
+                      wait_full_strength)
 from .traffic import Load, summarize
 
 pytestmark = pytest.mark.cluster
@@ -22,14 +23,20 @@ REDIS_AWAY_S = 30
 
 
 @pytest.mark.xfail(strict=False, reason=(
-    "open: in 1 of 3 runs (after the lost-pod test, the app scaled up; the head's leftover processes killed) 13 of "
-    "2,322 requests, /embeddings on one worker, timed out at the clients' 10 s while GCS was down; cause not found"))
+    "open: in 1 of 6 runs (after the lost-pod test, the app scaled up; the head's leftover processes killed) 13 of "
+    "2,322 requests, /embeddings on one worker, timed out at the clients' 10 s while GCS was down; cause not found "
+    "(an xfail keeps the logs: tests/cluster/conftest.py)"))
 def test_the_clusters_redis_lost_under_load_and_started_again(cluster, endpoints, figures):
     assert cluster.spec.gcs_ft is not None, "the RayService must set gcsFaultToleranceOptions"
     ready(cluster)
     before = replica_ids(cluster)
+    config = {name: d["deployment_config"] for name, d in deployments(cluster).items()}
+    above_minimum = {name: len(ids) for name, ids in before.items() if len(ids) > minimum_replicas(config[name])}
     with Load(endpoints, cluster.api_key, clients=8) as load:
         load.wait_answers(20, 60)
+        if above_minimum:  # an earlier test's replicas: lose Redis while the autoscaler stops some
+            wait_for(lambda: stopping(cluster), 240, f"a downscale of {above_minimum} to begin", 0.5)
+        stopping_at_loss = stopping(cluster) if above_minimum else {}
         lost_at = time.monotonic()
         cluster.kill_redis()
         wait_for(lambda: not cluster.head.alive, 60, "the head's `ray start` to exit with GCS", 0.5)
@@ -38,9 +45,7 @@ def test_the_clusters_redis_lost_under_load_and_started_again(cluster, endpoints
         # The outage's length, not a wait for an event:
         time.sleep(max(0.0, REDIS_AWAY_S - (time.monotonic() - lost_at)))
         without_gcs = load.since(lost_at)
-        cluster.start_redis()
-        cluster.start_node(cluster.head)  # the kubelet restarting the head's container
-        cluster.wait_nodes(len(cluster.nodes), NODE_START_BOUND_S)
+        cluster.restore(NODE_START_BOUND_S)  # Redis, then the kubelet restarting the head's container
         back_s = wait_for(lambda: cluster.applications_running() and time.monotonic() - lost_at, 180,
                           "the Serve application RUNNING again", 1.0)
         load.wait_answers(20, 60)
@@ -48,6 +53,7 @@ def test_the_clusters_redis_lost_under_load_and_started_again(cluster, endpoints
     after = replica_ids(cluster)
     figures["cluster_redis_lost"] = {
         "head_ray_start_exited_after_s": round(head_exited_s, 1), "redis_away_s": REDIS_AWAY_S,
+        "above_minimum_before": above_minimum, "stopping_at_loss": stopping_at_loss,
         "serve_running_again_after_s": round(back_s, 1), "while_gcs_was_down": summarize(without_gcs),
         "whole": summarize(requests), "replicas_kept": {k: len(before[k] & after.get(k, set())) for k in before}}
     print(figures["cluster_redis_lost"])
