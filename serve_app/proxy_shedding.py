@@ -39,6 +39,9 @@ from .admission import MODEL_PATH_PREFIXES, MODEL_PATHS
 FASTINTER_VARIABLE = "RAY_SERVE_HAPROXY_HEALTH_CHECK_FASTINTER"
 RAY_FASTINTER = "250ms"
 
+#: How long a health check's answer may take (HAProxy's `timeout check`; see backend_directives).
+HEALTH_CHECK_READ_TIMEOUT_S = 5.0
+
 #: serve-app's applications in a Serve config, by import path.
 SERVE_APP_IMPORT_PREFIX = "serve_app."
 
@@ -73,6 +76,11 @@ class ProxyShedding:
             # and the caller's request id echoed as the replicas do.
             f"http-error status 503 content-type application/json string '{timed_out}' "
             f"hdr Retry-After {self.retry_after_s} hdr X-Request-Id %[req.hdr(x-request-id)]",
+            # A health check may take this long to be answered (a busy replica), as with Ray's default
+            # `inter` of 5 s; a shorter `inter` (the RayServices: 1 s) then shortens only the check's
+            # connect timeout, min(`timeout connect`, `inter`): an Ingress on a pod cut off from the
+            # network is marked down within ~3 s, not 15 (tests/cluster/test_partition.py).
+            f"timeout check {HEALTH_CHECK_READ_TIMEOUT_S:g}s",
         ]
 
     def fastinter_value(self, fastinter: str = RAY_FASTINTER) -> str:

@@ -99,7 +99,7 @@ class PodNetwork:
 
         `hosts` (name -> address) stand in for cluster DNS (a Service's name): `ip netns exec` mounts
         /etc/netns/<namespace>/hosts over /etc/hosts for the processes it starts."""
-        ns, host_side = f"sa{self.cluster_id}n{index}", f"sa{self.cluster_id}v{index}"
+        ns, host_side = f"sa{self.cluster_id}n{index}", self._link(index)
         address = self.address(index)
         self.namespaces.append(ns)
         self.links.append(host_side)
@@ -123,6 +123,15 @@ class PodNetwork:
         _ip("-n", ns, "link", "set", "lo", "up")
         _ip("-n", ns, "route", "add", "default", "via", self.gateway)
         return ns, address
+
+    def _link(self, index: int) -> str:
+        """The host end of node `index`'s veth pair, on the bridge."""
+        return f"sa{self.cluster_id}v{index}"
+
+    def set_link(self, index: int, up: bool) -> None:
+        """Node `index` cut off from the bridge (a network partition: its processes live on, and nothing
+        reaches them or comes from them; no connection is reset), or joined to it again."""
+        _ip("link", "set", self._link(index), "up" if up else "down")
 
     def pids(self, ns: str) -> list[int]:
         """Every process living in namespace `ns` (a node's raylet, workers, agents, HAProxy...)."""

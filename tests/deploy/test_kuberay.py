@@ -192,13 +192,8 @@ def test_every_ray_container_gets_the_launchers_control_plane_ticks():
     source): the controller reads its interval on the head, replicas their export interval on workers."""
     from serve_app.run import LEAN_SERVE_TICKS
 
-    for name in KUBERAY_FILES:
-        spec = load_yaml(ROOT / name)["spec"]["rayClusterConfig"]
-        for group in [spec["headGroupSpec"], *spec["workerGroupSpecs"]]:
-            for container in group["template"]["spec"]["containers"]:
-                env = {e["name"]: e.get("value") for e in container.get("env", [])}
-                assert {k: env.get(k) for k in LEAN_SERVE_TICKS} == LEAN_SERVE_TICKS, \
-                    (name, group.get("groupName", "head"))
+    for where, env in _ray_container_envs():
+        assert {k: env.get(k) for k in LEAN_SERVE_TICKS} == LEAN_SERVE_TICKS, where
 
 
 def test_every_worker_group_drains_its_ray_node_within_its_grace_period(rayservice):
@@ -222,3 +217,30 @@ def test_a_deleted_head_stops_at_once(rayservice):
     assert env["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] == "0"
     # and its autoscaler sidecar, which ignores SIGTERM, is SIGKILLed sooner than Kubernetes' 30 s
     assert head["template"]["spec"]["terminationGracePeriodSeconds"] <= 15
+
+
+#: Every Ray process (clients and servers of Ray's RPCs, so every container) notices a peer that stopped
+#: answering, a pod cut off from the network, within ~4 s and drops its calls to it once GCS declares that
+#: node dead; HAProxy marks an Ingress there down within ~3 s (tests/cluster/test_partition.py, docs/deploy.md).
+PARTITION_ENVIRONMENT = {
+    "RAY_SERVE_HAPROXY_HEALTH_CHECK_INTER": "1s",
+    "RAY_grpc_client_keepalive_time_ms": "2000",
+    "RAY_grpc_client_keepalive_timeout_ms": "2000",
+    "RAY_core_worker_rpc_server_reconnect_timeout_base_s": "1",
+    "RAY_core_worker_rpc_server_reconnect_timeout_max_s": "2",
+}
+
+
+def test_every_ray_container_gives_up_on_an_unreachable_peer_within_seconds():
+    for where, env in _ray_container_envs():
+        assert {k: env.get(k) for k in PARTITION_ENVIRONMENT} == PARTITION_ENVIRONMENT, where
+
+
+def _ray_container_envs():
+    """((file, group), {name: value}) for every container of both RayServices."""
+    for name in KUBERAY_FILES:
+        spec = load_yaml(ROOT / name)["spec"]["rayClusterConfig"]
+        for group in [spec["headGroupSpec"], *spec["workerGroupSpecs"]]:
+            for container in group["template"]["spec"]["containers"]:
+                env = {e["name"]: e.get("value") for e in container.get("env", [])}
+                yield (name, group.get("groupName", "head")), env
