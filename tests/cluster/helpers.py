@@ -59,6 +59,24 @@ def stopping(cluster: LocalCluster) -> dict[str, int]:
     return {name: n for name, n in counts.items() if n}
 
 
+def deployment_configs(cluster: LocalCluster) -> dict[str, dict]:
+    """{deployment: the deployment_config Serve reports for it}."""
+    return {name: d["deployment_config"] for name, d in deployments(cluster).items()}
+
+
+def above_minimum(ids: dict[str, set[str]], configs: dict[str, dict]) -> dict[str, int]:
+    """{deployment: RUNNING replicas} for those above their minimum (an earlier test's load scaled them up)."""
+    return {name: len(running) for name, running in ids.items() if len(running) > minimum_replicas(configs[name])}
+
+
+def downscale_begun(cluster: LocalCluster, above: dict[str, int]) -> dict[str, int]:
+    """{deployment: replicas STOPPING} once the autoscaler has begun to stop some of `above` ({} when it is
+    empty): tests hurt the cluster in the middle of a downscale, where a head restart once broke it."""
+    if not above:
+        return {}
+    return wait_for(lambda: stopping(cluster), 240, f"a downscale of {above} to begin", 0.5)
+
+
 def minimum_replicas(deployment_config: dict) -> int:
     """The fewest replicas a deployment runs, from the deployment_config Serve reports for it."""
     scaling = deployment_config.get("autoscaling_config") or {}

@@ -20,9 +20,10 @@ import pytest
 
 from tests.support import wait_for
 
-from .helpers import (NODE_START_BOUND_S, Recovery, at_full_strength, controller_recovery, deployment_of, deployments,
-                      finished_job, job_payload, minimum_replicas, pod_to_lose, ready, replica_ids, replica_states,
-                      running_by_node, running_counts, serving, stopping, submit_job, translator_batch_size,
+from .helpers import (NODE_START_BOUND_S, Recovery, above_minimum, at_full_strength, controller_recovery,
+                      deployment_configs, deployment_of, deployments, downscale_begun, finished_job, job_payload,
+                      pod_to_lose, ready, replica_ids, replica_states, running_by_node, running_counts, serving,
+                      submit_job, translator_batch_size,
                       updated_config, wait_full_strength, worker_ips)
 from .plots import save_timeline
 from .traffic import (PATIENT_TIMEOUT_S, Load, cut_in_flight, describe_failed, failures_after_loss,
@@ -259,18 +260,16 @@ def test_the_head_restarted_with_gcs_fault_tolerance(cluster, endpoints, figures
     assert cluster.spec.gcs_ft is not None, "the RayService must set gcsFaultToleranceOptions"
     ready(cluster)
     before_ids = replica_ids(cluster)
-    before_config = {name: d["deployment_config"] for name, d in deployments(cluster).items()}
-    above_minimum = {name: len(ids) for name, ids in before_ids.items()
-                     if len(ids) > minimum_replicas(before_config[name])}
+    before_config = deployment_configs(cluster)
+    above = above_minimum(before_ids, before_config)
     # Jobs live in Redis on clusters (issue 21): one finished before the head is lost, one running across it.
     jobs = {"finished": (submit_job(endpoints.ready(), cluster.api_key, job_payload(20, "before-head"),
                                     key=uuid.uuid4().hex), 20, "before-head")}
     finished_job(endpoints.ready, cluster.api_key, jobs["finished"][0], 120)
     with Load(endpoints, cluster.api_key, clients=8) as load:
         load.wait_answers(20, 60)
-        if above_minimum:  # the ramp's replicas: the autoscaler stops some once its downscale_delay_s passed
-            wait_for(lambda: stopping(cluster), 240, f"a downscale of {above_minimum} to begin", 0.5)
-        stopping_at_kill = stopping(cluster) if above_minimum else {}
+        # the ramp's replicas: the autoscaler stops some once its downscale_delay_s passed
+        stopping_at_kill = downscale_begun(cluster, above)
         jobs["across"] = (submit_job(endpoints.ready(), cluster.api_key, job_payload(300, "across-head"),
                                      key=uuid.uuid4().hex), 300, "across-head")
         down_at = time.monotonic()
@@ -287,13 +286,13 @@ def test_the_head_restarted_with_gcs_fault_tolerance(cluster, endpoints, figures
         load.wait_answers(20, 60)
         requests = load.since(down_at)
     after_ids = replica_ids(cluster)
-    after_config = {name: d["deployment_config"] for name, d in deployments(cluster).items()}
+    after_config = deployment_configs(cluster)
     outage_summary = summarize(outage)
     jobs_after = {name: finished_job(endpoints.ready, cluster.api_key, job_id, 240) for name, (job_id, _, _) in jobs.items()}
     figures[f"cluster_head_{how}"] = {
         "pod_deleted": deletion and {"grace_s": deletion.grace_s, "ray_start_exited_after_s": deletion.stopped_after_s,
                                      "processes_left_behind": deletion.left_behind},
-        "above_minimum_before": above_minimum, "stopping_at_kill": stopping_at_kill,
+        "above_minimum_before": above, "stopping_at_kill": stopping_at_kill,
         "restarted_controller": controller_recovery(cluster),
         "answered_during_outage": outage_summary["statuses"].get("200", 0),
         "head_back_and_serve_running_s": round(back_s, 1), "outage": outage_summary,

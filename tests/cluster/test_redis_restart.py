@@ -12,7 +12,7 @@ import pytest
 
 from tests.support import wait_for
 
-from .helpers import (NODE_START_BOUND_S, deployments, minimum_replicas, ready, replica_ids, stopping,
+from .helpers import (NODE_START_BOUND_S, above_minimum, deployment_configs, downscale_begun, ready, replica_ids,
                       wait_full_strength)
 from .traffic import Load, summarize
 
@@ -30,13 +30,10 @@ def test_the_clusters_redis_lost_under_load_and_started_again(cluster, endpoints
     assert cluster.spec.gcs_ft is not None, "the RayService must set gcsFaultToleranceOptions"
     ready(cluster)
     before = replica_ids(cluster)
-    config = {name: d["deployment_config"] for name, d in deployments(cluster).items()}
-    above_minimum = {name: len(ids) for name, ids in before.items() if len(ids) > minimum_replicas(config[name])}
+    above = above_minimum(before, deployment_configs(cluster))
     with Load(endpoints, cluster.api_key, clients=8) as load:
         load.wait_answers(20, 60)
-        if above_minimum:  # an earlier test's replicas: lose Redis while the autoscaler stops some
-            wait_for(lambda: stopping(cluster), 240, f"a downscale of {above_minimum} to begin", 0.5)
-        stopping_at_loss = stopping(cluster) if above_minimum else {}
+        stopping_at_loss = downscale_begun(cluster, above)  # an earlier test's replicas: lose Redis meanwhile
         lost_at = time.monotonic()
         cluster.kill_redis()
         wait_for(lambda: not cluster.head.alive, 60, "the head's `ray start` to exit with GCS", 0.5)
@@ -53,7 +50,7 @@ def test_the_clusters_redis_lost_under_load_and_started_again(cluster, endpoints
     after = replica_ids(cluster)
     figures["cluster_redis_lost"] = {
         "head_ray_start_exited_after_s": round(head_exited_s, 1), "redis_away_s": REDIS_AWAY_S,
-        "above_minimum_before": above_minimum, "stopping_at_loss": stopping_at_loss,
+        "above_minimum_before": above, "stopping_at_loss": stopping_at_loss,
         "serve_running_again_after_s": round(back_s, 1), "while_gcs_was_down": summarize(without_gcs),
         "whole": summarize(requests), "replicas_kept": {k: len(before[k] & after.get(k, set())) for k in before}}
     print(figures["cluster_redis_lost"])
