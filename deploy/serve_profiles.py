@@ -211,10 +211,14 @@ CPU_PROFILE: dict[str, Any] = {
             "health_check_period_s": 5,
             "health_check_timeout_s": 10,
             "user_config": {
-                "max_batch_size": Why(64, "MiniLM embeds 64 short texts in about the time of a few single ones."),
+                "max_batch_size": Why(64, "One call per 64 texts: the hand-offs and Serve's batch shared; on one "
+                                          "thread MiniLM costs ~4.5 ms a text alone, ~3.7 in passes of one length."),
                 "batch_wait_timeout_s": 0.01,
                 "background_max_batch_size": Why(
                     16, "Job batches of 16 texts keep an interactive request's wait behind one short."),
+                "max_batch_tokens": Why(192, "Passes of similar length, <= 192 padded tokens: 1.3 x the texts/s of "
+                                             "one padded call on the bench's texts, 3.8 x on a 5-120-token mix "
+                                             "(docs/benchmarks/batching.md)."),
             },
             "ray_actor_options": {
                 "num_cpus": Why(0.3, "Fractional: 1 model thread; see the Translator's sum."),

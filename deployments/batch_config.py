@@ -51,11 +51,11 @@ class BatchConfig(BaseModel):
     )
     max_batch_tokens: Optional[int] = Field(
         None, ge=1, le=1_000_000,
-        description="Length-aware batching (Translator; the Embedder always embeds in length-sorted "
-        "passes and ignores it): a batch's records (per language pair) are sorted by token "
-        "length and cut into model calls of at most this many padded tokens (records x longest record "
-        "in the call), so short records stop paying for long ones' padding. A record longer than this "
-        "runs alone. Unset: one model call per language pair, padded to its longest record.",
+        description="Length-aware batching: a batch's records (the Translator's per language pair, the "
+        "Embedder's texts) are sorted by token length and cut into model calls of at most this many padded "
+        "tokens (records x longest record in the call), so short records stop paying for long ones' "
+        "padding. A record longer than this runs alone. Unset: the Translator makes one model call per "
+        "language pair, padded to its longest record; the Embedder length-sorted calls of 64 texts.",
     )
     target_p99_batch_latency_s: Optional[float] = Field(
         None, gt=0.0, le=600.0,
@@ -121,8 +121,9 @@ def parse_batch_config(user_config: dict | None, deployment: str) -> BatchConfig
 #: Serve's per-call cost, short enough for interactive latency.
 TRANSLATOR_BATCH = BatchConfig(max_batch_size=32, batch_wait_timeout_s=0.01)
 
-#: MiniLM embeds ~64 short texts in about the time of a few single ones on CPU.
-EMBEDDER_BATCH = BatchConfig(max_batch_size=64, batch_wait_timeout_s=0.01)
+#: MiniLM on one CPU thread: ~4.5 ms a text alone, ~3.7 in passes of similar length under 192 padded
+#: tokens, where one call padded to its longest text paid ~4.8 (docs/benchmarks/batching.md).
+EMBEDDER_BATCH = BatchConfig(max_batch_size=64, batch_wait_timeout_s=0.01, max_batch_tokens=192)
 
 #: Custom models (`models:`): a user's model is unknown here; 64 inputs per predict call suits
 #: small tabular models (microseconds per row), and each deployment's user_config retunes it.

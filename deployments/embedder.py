@@ -44,7 +44,8 @@ class Embedder(ModelReplica):
 
     def _embed_items(self, items: list[list[str]]) -> list[tuple[np.ndarray, list[int]]]:
         """On the model thread: one batch of calls; each call's vectors and token counts."""
-        vectors, tokens = self.model.embed_sorted([text for item in items for text in item])
+        vectors, tokens = self.model.embed([text for item in items for text in item],
+                                           max_batch_tokens=self.batch_config.max_batch_tokens)
         out, offset = [], 0
         for item in items:
             n = len(item)

@@ -117,6 +117,9 @@ _serve_app_placed_argv = _serve_app_start("serve_config.placed.yaml")
 #: make run's start with every call waiting batch_wait_timeout_s, as before skip_batch_wait_when_alone
 _serve_app_placed_waits_argv = _serve_app_start("serve_config.placed.yaml", {"Ingress": {"user_config": {
     model: {"skip_batch_wait_when_alone": False} for model in ("Translator", "Embedder")}}})
+#: make run's start with each embeddings batch one padded call, as before the Embedder's max_batch_tokens
+_serve_app_placed_one_pass_argv = _serve_app_start("serve_config.placed.yaml", {"Ingress": {"user_config": {
+    "Embedder": {"max_batch_tokens": None}}}})
 
 
 CONTENDERS: tuple[Contender, ...] = (
@@ -163,6 +166,11 @@ CONTENDERS: tuple[Contender, ...] = (
     Contender("serve_app_placed_waits", "serve-app as `make run` starts it, lone calls wait (skip_batch_wait_when_alone: false)",
               _serve_app_placed_waits_argv, info_path="/v1/models", env=lambda workload: {"SERVE_APP_DRAIN_TIMEOUT_S": "2"},
               settle_s=45.0),
+    # The same with each embeddings batch of up to 64 texts one call padded to its longest text: the A/B of
+    # the Embedder's max_batch_tokens (docs/benchmarks/batching.md).
+    Contender("serve_app_placed_one_pass", "serve-app as `make run` starts it, each embeddings batch one padded call",
+              _serve_app_placed_one_pass_argv, info_path="/v1/models",
+              env=lambda workload: {"SERVE_APP_DRAIN_TIMEOUT_S": "2"}, settle_s=45.0, workloads=("embeddings",)),
     # The same with Serve's user code on a thread of its own (Ray's default): the A/B of make run's
     # ONE_NODE_SERVE_ENVIRONMENT (serve_app/run.py; docs/benchmarks/user-loop-run).
     Contender("serve_app_placed_user_thread", "serve-app as `make run` starts it, user code on Ray's own thread",

@@ -44,8 +44,8 @@ def summary_rows(results: dict) -> list[dict]:
 
 
 #: serve-app's contenders (its modes), judged against the peers, never against each other
-PROJECT = ("serve_app", "serve_app_python_proxy", "serve_app_placed", "serve_app_placed_waits", "serve_app_placed_onnx",
-           "serve_app_placed_user_thread")
+PROJECT = ("serve_app", "serve_app_python_proxy", "serve_app_placed", "serve_app_placed_waits", "serve_app_placed_one_pass",
+           "serve_app_placed_onnx", "serve_app_placed_user_thread")
 
 
 def targets(results: dict, project: str = "serve_app", naive: str = "naive") -> list[dict]:

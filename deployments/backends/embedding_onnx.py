@@ -23,7 +23,7 @@ import numpy as np
 from .base import ModelLoadError
 from .checkpoint_files import weight_files
 from .embedding import EmbedderBase, packaged_minilm_path
-from .heap import EMBEDDING_TRIM_AFTER_TOKENS, trim_after_batch
+from .heap import EMBEDDING_TRIM_AFTER_TOKENS
 
 #: a kept export whose vectors differ more than this from torch's is refused
 MIN_COSINE = 0.9999
@@ -53,7 +53,9 @@ class OnnxSentenceEmbedder(EmbedderBase):
         self._tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
         self._tokenizer.enable_truncation(max_length=self.max_seq_tokens)
         pad_id = int(config.get("pad_token_id") or 0)
-        self._tokenizer.enable_padding(pad_id=pad_id, pad_token=self._tokenizer.id_to_token(pad_id) or "[PAD]")
+        # on the right: a pass keeps the left columns of its rows (EmbedderBase.embed)
+        self._tokenizer.enable_padding(direction="right", pad_id=pad_id,
+                                       pad_token=self._tokenizer.id_to_token(pad_id) or "[PAD]")
         self.onnx_path = exported(folder, Path(cache_dir).expanduser(), self.max_seq_tokens)
         options = ort.SessionOptions()
         options.intra_op_num_threads, options.inter_op_num_threads = self.threads, 1
@@ -65,27 +67,20 @@ class OnnxSentenceEmbedder(EmbedderBase):
         except Exception as exc:
             raise ModelLoadError(f"could not load the ONNX export {self.onnx_path}: {exc}") from exc
 
-    def encode(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
+    def _tokenize(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
         rows = self._tokenizer.encode_batch(list(texts))
         return {"input_ids": np.array([r.ids for r in rows], dtype=np.int64),
                 "attention_mask": np.array([r.attention_mask for r in rows], dtype=np.int64),
                 "token_type_ids": np.array([r.type_ids for r in rows], dtype=np.int64)}
 
-    def embed(self, texts: Sequence[str]) -> tuple[np.ndarray, list[int]]:
-        """Unit-length float32 vectors, one row per text, and each text's token count."""
-        if not texts:
-            return np.zeros((0, self.dimensions), dtype=np.float32), []
-        inputs = self.encode(texts)
+    def _vectors(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
         # ONNX Runtime's CPU arena keeps every allocation's peak for reuse: one batch of 64 256-token texts
-        # left a process 1.27 GiB larger for good (2 GiB after a few). Shrinking it after a large batch costs
+        # left a process 1.27 GiB larger for good (2 GiB after a few). Shrinking it after a large pass costs
         # that run ~8 % (6.5 s against 6.0 s for 64 x 256 tokens); the arena turned off instead cost 30 %.
+        # (What the arena gives back, glibc keeps for reuse: EmbedderBase.embed trims it after the batch.)
         large = inputs["input_ids"].size > EMBEDDING_TRIM_AFTER_TOKENS
-        # What the arena gives back, glibc keeps for reuse (45-51 MiB of a 32 x 256-token batch): trimmed too.
         hidden = self._session.run(None, inputs, self._shrink_arena if large else None)[0]
-        result = mean_pooled(hidden, inputs["attention_mask"]), inputs["attention_mask"].sum(axis=1).tolist()
-        del hidden
-        trim_after_batch(inputs["input_ids"].size, EMBEDDING_TRIM_AFTER_TOKENS)
-        return result
+        return mean_pooled(hidden, inputs["attention_mask"])
 
     def describe(self) -> dict:
         return {"device": self.device, "engine": "onnx", "max_seq_tokens": self.max_seq_tokens,

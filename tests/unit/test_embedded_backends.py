@@ -53,11 +53,13 @@ def test_embeddings_capture_meaning(embedder):
     assert float(v[0] @ v[1]) > 0.7 > float(v[0] @ v[2])
 
 
-def test_embeddings_batch_equals_solo(embedder):
-    batch, _ = embedder.embed_sorted(SENTENCES)
-    for i, text in enumerate(SENTENCES):
-        solo, _ = embedder.embed([text])
-        assert float(solo[0] @ batch[i]) >= 0.9999
+@pytest.mark.parametrize("max_batch_tokens", [None, 24])
+def test_embeddings_batch_equals_solo(embedder, max_batch_tokens):
+    texts = SENTENCES + [" ".join(SENTENCES)]  # one long text among short ones: passes of similar length
+    batch, tokens = embedder.embed(texts, max_batch_tokens=max_batch_tokens)
+    for i, text in enumerate(texts):
+        solo, solo_tokens = embedder.embed([text])
+        assert float(solo[0] @ batch[i]) >= 0.9999 and solo_tokens == [tokens[i]]
 
 
 def test_embedder_missing_folder_names_the_path(tmp_path):

@@ -41,18 +41,21 @@ def torch_embedder():
 
 def test_same_vectors_and_token_counts_as_torch(onnx_embedder, torch_embedder):
     texts = SENTENCES + [LONG, "", "ünïcödé — and emoji 🙂"]
-    got, got_tokens = onnx_embedder.embed_sorted(texts)
-    expected, expected_tokens = torch_embedder.embed_sorted(texts)
+    got, got_tokens = onnx_embedder.embed(texts)
+    expected, expected_tokens = torch_embedder.embed(texts)
     assert got.shape == expected.shape == (len(texts), 384) and got.dtype == np.float32
     assert got_tokens == expected_tokens and max(got_tokens) == 256  # truncated as torch's tokenizer does
     assert float((got * expected).sum(axis=1).min()) >= embedding_onnx.MIN_COSINE
     np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
 
 
-def test_batch_equals_solo(onnx_embedder):
-    batch, _ = onnx_embedder.embed(SENTENCES)
-    for i, text in enumerate(SENTENCES):
-        assert float(onnx_embedder.embed([text])[0][0] @ batch[i]) >= 0.9999
+@pytest.mark.parametrize("max_batch_tokens", [None, 24])
+def test_batch_equals_solo(onnx_embedder, max_batch_tokens):
+    texts = SENTENCES + [LONG]
+    batch, tokens = onnx_embedder.embed(texts, max_batch_tokens=max_batch_tokens)
+    for i, text in enumerate(texts):
+        solo, solo_tokens = onnx_embedder.embed([text])
+        assert float(solo[0] @ batch[i]) >= 0.9999 and solo_tokens == [tokens[i]]
 
 
 def test_the_export_is_kept_and_reused_and_keyed_by_the_model(onnx_embedder, cache, tmp_path):

@@ -5,6 +5,9 @@ import random
 
 import pytest
 
+import numpy as np
+
+from deployments.backends.embedding import EmbedderBase
 from deployments.length_batching import padded_tokens, plan_token_batches, run_token_batched
 from tests.unit.test_deployments import RecordingBackend
 
@@ -121,3 +124,47 @@ def test_without_max_batch_tokens_a_batch_is_one_model_call(word_translator, loo
     replica.reconfigure({"max_batch_size": 8, "batch_wait_timeout_s": 0.05})
     assert _translate_all(replica, loop, TEXTS) == [f"pt:{t}" for t in TEXTS]
     assert backend.calls == [TEXTS]
+
+
+class WordEmbedder(EmbedderBase):
+    """An engine whose token is a word and whose vector is [text's row id, its length, the pass width]."""
+
+    dimensions = 3
+
+    def __init__(self):
+        self.passes = []
+
+    def _tokenize(self, texts):
+        width = max(len(t.split()) for t in texts)
+        mask = np.array([[1] * len(t.split()) + [0] * (width - len(t.split())) for t in texts], dtype=np.int64)
+        ids = np.array([[i + 1] * width for i in range(len(texts))], dtype=np.int64) * mask
+        return {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(mask)}
+
+    def _vectors(self, inputs):
+        rows, width = inputs["input_ids"].shape
+        self.passes.append((rows, width))
+        return np.stack([inputs["input_ids"][:, 0], inputs["attention_mask"].sum(axis=1),
+                         np.full(rows, width)], axis=1).astype(np.float32)
+
+
+def test_embedding_passes_are_padded_to_their_own_longest_text_and_answered_in_input_order():
+    texts = ["w " * n for n in (3, 40, 2, 9, 38, 1, 10)]
+    engine = WordEmbedder()
+    vectors, tokens = engine.embed(texts, max_batch_tokens=80)
+    assert tokens == [3, 40, 2, 9, 38, 1, 10]
+    assert vectors[:, 0].tolist() == [1, 2, 3, 4, 5, 6, 7]  # each row its own text's
+    assert vectors[:, 1].tolist() == tokens
+    # longest first, cut at 80 padded tokens: [40, 38], [10, 9, 3, 2, 1]; each pass as wide as its longest
+    assert engine.passes == [(2, 40), (5, 10)]
+    assert vectors[:, 2].tolist() == [10, 40, 10, 10, 40, 10, 10]
+
+
+def test_embedding_without_a_budget_runs_sorted_passes_of_max_texts():
+    engine = WordEmbedder()
+    engine.MAX_TEXTS_PER_PASS = 2
+    vectors, tokens = engine.embed(["w " * n for n in (5, 1, 3)])
+    assert engine.passes == [(2, 3), (1, 5)] and tokens == [5, 1, 3]
+    assert vectors[:, 0].tolist() == [1, 2, 3]
+    one = WordEmbedder()
+    one.embed(["w " * n for n in (5, 1, 3)])  # up to MAX_TEXTS_PER_PASS: one pass, as tokenized
+    assert one.passes == [(3, 5)]
