@@ -216,9 +216,9 @@ CPU_PROFILE: dict[str, Any] = {
                 "batch_wait_timeout_s": 0.01,
                 "background_max_batch_size": Why(
                     16, "Job batches of 16 texts keep an interactive request's wait behind one short."),
-                "max_batch_tokens": Why(192, "Passes of similar length, <= 192 padded tokens: 1.3 x the texts/s of "
-                                             "one padded call on the bench's texts, 3.8 x on a 5-120-token mix "
-                                             "(docs/benchmarks/batching.md)."),
+                "max_batch_tokens": Why(192, "Passes of similar length, <= 192 padded tokens: 1.2-1.3 x the texts/s "
+                                             "of one padded call on the bench's texts, 2.9-3.8 x on a 7-121-token "
+                                             "mix (docs/benchmarks/batching.md)."),
             },
             "ray_actor_options": {
                 "num_cpus": Why(0.3, "Fractional: 1 model thread; see the Translator's sum."),
@@ -310,7 +310,8 @@ GPU_PROFILE: dict[str, Any] = {
             "max_queued_requests": 512,
             "health_check_period_s": 5,
             "health_check_timeout_s": 10,
-            "user_config": {"max_batch_size": 64, "batch_wait_timeout_s": 0.01},
+            "user_config": {"max_batch_size": 64, "batch_wait_timeout_s": 0.01,
+                            "max_batch_tokens": Why(192, "On the CPU, as in the cpu profile (passes of similar length).")},
             "ray_actor_options": {
                 "num_cpus": Why(2, "CPU-only (no num_gpus): 2 model threads. Ray keeps CPU-only "
                                    "actors off GPU nodes while CPU nodes have room."),

@@ -5,10 +5,11 @@
 mosec's Rust HTTP front queues the requests and hands batches of up to serve-app's batch cap,
 after at most serve-app's batch wait, to one Python worker process that holds the model
 (`append_worker(Worker, max_batch_size=..., max_wait_time=...)`). Its batch counts requests,
-not texts: a batch of 16-text requests is up to 64 x 16 texts, run in passes of 64 texts, as
-every contender's model call does. Request bodies and responses are serve-app's contract; a body
-that fails validation answers 422, and, by mosec's design (one status per batch), so does the rest
-of its batch (the benchmark sends valid bodies only).
+not texts: a batch of 16-text requests is up to 64 x 16 texts, run in passes of similar length
+under serve-app's max_batch_tokens, as every contender's model call does (bench/peers/models.py).
+Request bodies and responses are serve-app's contract; a body that fails validation answers 422,
+and, by mosec's design (one status per batch), so does the rest of its batch (the benchmark sends
+valid bodies only).
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ class EmbedderBase:
         a longer text runs alone), or without a budget of `MAX_TEXTS_PER_PASS` texts. A pass padded to
         a batch's longest text spends the compute of its short texts on padding: on this project's bench
         texts (5-20 tokens) a 64-text call took 4.8 ms a text, in passes of <= 192 tokens 3.8; on a mix
-        of 5-120 tokens 36 against 9 (docs/benchmarks/batching.md)."""
+        of 7-121 tokens 36 against 9 (docs/benchmarks/batching.md)."""
         if not texts:
             return np.zeros((0, self.dimensions), dtype=np.float32), []
         inputs = self._tokenize(texts)

@@ -152,6 +152,29 @@ def test_embedder_batches_requests_and_slices_results_back(loop):
     assert replica.info()["dimensions"] == 384
 
 
+def test_the_embedder_cuts_a_batch_into_passes_of_max_batch_tokens(loop):
+    replica = EmbedderClass(EmbeddingSettings(num_threads=1).model_dump())
+    passes, model_pass = [], replica.model._vectors
+    replica.model._vectors = lambda inputs: (passes.append(inputs["input_ids"].shape), model_pass(inputs))[1]
+    texts = [["short"], ["a much longer text, with many more tokens than the others have"], ["tiny one"]]
+
+    async def gather():
+        return await asyncio.gather(*(replica.embed(t) for t in texts))
+
+    def embed_all():
+        passes.clear()
+        return loop.run_until_complete(gather())
+
+    replica.reconfigure({"max_batch_size": 16, "batch_wait_timeout_s": 0.05, "max_batch_tokens": 24})
+    cut = embed_all()
+    assert len(passes) == 2 and all(rows == 1 or rows * width <= 24 for rows, width in passes)
+    replica.reconfigure({"max_batch_size": 16, "batch_wait_timeout_s": 0.05})
+    whole = embed_all()
+    assert len(passes) == 1  # one batch, one pass padded to its longest text
+    for (a, tokens_a, _), (b, tokens_b, _) in zip(cut, whole):
+        assert float(a[0] @ b[0]) >= 0.9999 and tokens_a == tokens_b
+
+
 class _CountingMetrics:
     def __init__(self):
         self.cancelled = 0
