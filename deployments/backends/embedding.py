@@ -125,8 +125,9 @@ class SentenceEmbedder(EmbedderBase):
     def _vectors(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
         torch = self._torch
         with torch.inference_mode():
-            hidden = self._model(**{k: torch.from_numpy(v).to(self.device) for k, v in inputs.items()}).last_hidden_state
-            weights = torch.from_numpy(inputs["attention_mask"]).to(hidden.device).unsqueeze(-1).to(hidden.dtype)
+            tensors = {k: torch.from_numpy(v).to(self.device) for k, v in inputs.items()}
+            hidden = self._model(**tensors).last_hidden_state
+            weights = tensors["attention_mask"].unsqueeze(-1).to(hidden.dtype)
             pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
             return torch.nn.functional.normalize(pooled.float(), p=2, dim=1).cpu().numpy().astype(np.float32, copy=False)
 
