@@ -51,7 +51,7 @@ run: install
 	@# The jobs' SQLite store (jobs.store_path): jobs survive a restart of `make run` (docs/jobs.md).
 	mkdir -p .data
 ifeq ($(PORT),9527)
-	$(BIN)/python -m serve_app.config_check $(CONFIG)
+	@# The launcher checks the config itself (serve_app.config_check) before it starts Ray.
 	$(BIN)/python -m serve_app.run $(CONFIG)
 else
 	$(BIN)/python -m serve_app.config_check $(CONFIG) --port $(PORT) --write .build/serve_config.yaml

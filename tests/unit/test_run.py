@@ -188,3 +188,55 @@ def test_the_application_names_are_read_once_and_a_broken_config_reads_as_none(t
     config.write_text("applications: [\n")  # half-edited while serving
     assert run._app_names(str(config)) == []
     assert run._app_names(str(tmp_path / "gone.yaml")) == []
+
+
+
+def test_a_config_with_problems_is_refused_before_ray_starts(monkeypatch, tmp_path, capsys):
+    """The launcher checks the config itself (serve_app.config_check; `make run` no longer runs the check
+    as a process of its own): a misspelt key exits 1 quoting it, and no Ray is started."""
+    import argparse
+    from pathlib import Path
+
+    import ray
+
+    import serve_app.run as run
+
+    shipped = (Path(__file__).resolve().parents[2] / "serve_config.placed.yaml").read_text()
+    config = tmp_path / "c.yaml"
+    config.write_text(shipped.replace("max_batch_size", "max_batch_sise", 1))
+
+    def no_ray(*args, **kwargs):
+        raise AssertionError("Ray started for a config with problems")
+
+    monkeypatch.setattr(ray, "init", no_ray)
+    ns = argparse.Namespace(config=str(config), address="local", dashboard=False, drain_timeout_s=1.0)
+    assert run._serve(ns) == 1
+    assert "max_batch_sise" in capsys.readouterr().err
+
+
+def test_the_launcher_deploys_the_config_as_serve_run_does(monkeypatch):
+    """`_deploy` starts Serve with the config's own proxy location and HTTP options, then submits its
+    applications without waiting (ray/serve/scripts.py's `run`, which the launcher no longer spawns)."""
+    import yaml
+    from ray.serve._private import api as serve_api
+    from ray.serve.schema import ServeDeploySchema
+
+    import serve_app.run as run
+
+    seen = {}
+
+    class Client:
+        def deploy_apps(self, schema, _blocking=True):
+            seen["schema"], seen["blocking"] = schema, _blocking
+
+    def serve_start(**options):
+        seen["options"] = options
+        return Client()
+
+    monkeypatch.setattr(serve_api, "serve_start", serve_start)
+    config = yaml.safe_load(open("serve_config.placed.yaml"))
+    run._deploy(config)
+    assert seen["options"]["http_options"]["port"] == 9527 and seen["options"]["http_options"]["host"] == "127.0.0.1"
+    assert str(seen["options"]["proxy_location"].value) == config["proxy_location"]
+    assert isinstance(seen["schema"], ServeDeploySchema) and seen["blocking"] is False
+    assert [app.name for app in seen["schema"].applications] == ["serve-app"]
