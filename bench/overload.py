@@ -27,7 +27,7 @@ def ray_rss_mb() -> float:
     """Total RSS of Ray / Serve processes (ps), in MB."""
     out = subprocess.run(["ps", "-eo", "rss,args"], capture_output=True, text=True).stdout
     return round(sum(int(line.split(None, 1)[0]) for line in out.splitlines()[1:]
-                     if any(k in line for k in ("ray::", "raylet", "gcs_server", "serve run", "ServeReplica"))) / 1024, 1)
+                     if any(k in line for k in ("ray::", "raylet", "gcs_server", "serve run", "serve_app.run", "ServeReplica"))) / 1024, 1)
 
 
 async def flood(url: str, workload: str, rate: float, duration_s: float, records: int, timeout_s: float) -> dict:

@@ -58,8 +58,8 @@ def test_one_json_access_log_line_per_request(serve_url, serve_log):
 
 
 def _metrics_url(log: Path) -> str:
-    """Ray's metrics port of the session's own cluster: the session folder is named after
-    `serve run`'s PID, which is the session id of every replica it started."""
+    """Ray's metrics port of the session's own cluster: the session folder is named after the PID of
+    the launcher that started it, which is the session id of every replica it started."""
     m = re.search(r"ServeReplica:serve-app:Ingress pid=(\d+)", log.read_text(errors="replace"))
     assert m, "no Ingress replica in the serve log"
     sid = subprocess.run(["ps", "-o", "sid=", "-p", m.group(1)], capture_output=True, text=True).stdout.strip()

@@ -217,8 +217,12 @@ def test_a_config_with_problems_is_refused_before_ray_starts(monkeypatch, tmp_pa
 def test_the_launcher_deploys_the_config_as_serve_run_does(monkeypatch):
     """`_deploy` starts Serve with the config's own proxy location and HTTP options, then submits its
     applications without waiting (ray/serve/scripts.py's `run`, which the launcher no longer spawns)."""
+    import inspect
+    from pathlib import Path
+
     import yaml
     from ray.serve._private import api as serve_api
+    from ray.serve.config import gRPCOptions
     from ray.serve.schema import ServeDeploySchema
 
     import serve_app.run as run
@@ -233,10 +237,48 @@ def test_the_launcher_deploys_the_config_as_serve_run_does(monkeypatch):
         seen["options"] = options
         return Client()
 
+    # The real serve_start takes **kwargs too, so a misspelt option would pass silently: its names must
+    # be the ones `serve run` passes, each a parameter of the real function.
+    named = set(inspect.signature(serve_api.serve_start).parameters) - {"kwargs"}
     monkeypatch.setattr(serve_api, "serve_start", serve_start)
-    config = yaml.safe_load(open("serve_config.placed.yaml"))
+    config = yaml.safe_load((Path(__file__).resolve().parents[2] / "serve_config.placed.yaml").read_text())
     run._deploy(config)
-    assert seen["options"]["http_options"]["port"] == 9527 and seen["options"]["http_options"]["host"] == "127.0.0.1"
-    assert str(seen["options"]["proxy_location"].value) == config["proxy_location"]
+    options = seen["options"]
+    assert set(options) == {"http_options", "proxy_location", "grpc_options", "controller_options"} <= named
+    assert options["http_options"]["port"] == 9527 and options["http_options"]["host"] == "127.0.0.1"
+    assert str(options["proxy_location"].value) == config["proxy_location"]
+    assert isinstance(options["grpc_options"], gRPCOptions)
     assert isinstance(seen["schema"], ServeDeploySchema) and seen["blocking"] is False
     assert [app.name for app in seen["schema"].applications] == ["serve-app"]
+
+
+def test_a_failed_deploy_shuts_serve_down_and_exits_1(monkeypatch, capsys):
+    """Serve's start or the submission failing: what did start is shut down (on a joined cluster Serve's
+    detached actors would otherwise stay) and the launcher exits 1, saying why. Ray itself is faked."""
+    import argparse
+    import signal
+    from pathlib import Path
+
+    import ray
+    from ray import serve
+
+    import serve_app.run as run
+    from serve_app import drain_signal
+
+    calls = []
+    monkeypatch.setattr(ray, "init", lambda *a, **kw: calls.append("ray.init"))
+    monkeypatch.setattr(ray, "shutdown", lambda: calls.append("ray.shutdown"))
+    monkeypatch.setattr(serve, "shutdown", lambda: calls.append("serve.shutdown"))
+    monkeypatch.setattr(drain_signal, "create", lambda: calls.append("drain_signal"))
+    monkeypatch.setattr(signal, "signal", lambda *a: None)  # the test process keeps its own handlers
+
+    def refused(config):
+        raise RuntimeError("controller refused")
+
+    monkeypatch.setattr(run, "_deploy", refused)
+    config = Path(__file__).resolve().parents[2] / "serve_config.placed.yaml"
+    ns = argparse.Namespace(config=str(config), address="local", dashboard=False, drain_timeout_s=1.0)
+    assert run._serve(ns) == 1
+    assert calls == ["ray.init", "drain_signal", "serve.shutdown", "ray.shutdown"]
+    out = capsys.readouterr().out
+    assert "could not deploy" in out and "controller refused" in out

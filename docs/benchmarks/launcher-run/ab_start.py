@@ -17,8 +17,7 @@ def answered():
             return r.status == 200
     except Exception:
         return False
-rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
-out = []
+rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3  # one JSON line per start on stdout
 for r in range(rounds):
     order = ["old", "new"] if r % 2 == 0 else ["new", "old"]
     for name in order:
@@ -36,5 +35,4 @@ for r in range(rounds):
         row = {"round": r, "variant": name, "first_answer_s": round(first, 2), "pss_mib": mem["pss_mib"], "processes": mem["processes"],
                "top": {k: v["pss_mib"] for k, v in list(mem["by_kind"].items())[:12]}}
         print(json.dumps(row), flush=True)
-        out.append(row)
         time.sleep(3)
