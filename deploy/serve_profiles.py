@@ -213,7 +213,10 @@ CPU_PROFILE: dict[str, Any] = {
             "user_config": {
                 "max_batch_size": Why(64, "One call per 64 texts: the hand-offs and Serve's batch shared; on one "
                                           "thread MiniLM costs ~4.5 ms a text alone, ~3.7 in passes of one length."),
-                "batch_wait_timeout_s": 0.01,
+                "batch_wait_timeout_s": Why(0.0, "No wait: the model queue joins every call that arrives while a batch "
+                                                 "computes into the next one, and MiniLM costs little per call. "
+                                                 "Against 10 ms, 1.26-1.42 x the texts/s at 8 clients, 1.08-1.15 x at "
+                                                 "32, 1.04-1.13 x at 64 (make run, docs/benchmarks/batch-wait-run)."),
                 "background_max_batch_size": Why(
                     16, "Job batches of 16 texts keep an interactive request's wait behind one short."),
                 "max_batch_tokens": Why(192, "Passes of similar length, <= 192 padded tokens: 1.2-1.3 x the texts/s "
@@ -310,7 +313,8 @@ GPU_PROFILE: dict[str, Any] = {
             "max_queued_requests": 512,
             "health_check_period_s": 5,
             "health_check_timeout_s": 10,
-            "user_config": {"max_batch_size": 64, "batch_wait_timeout_s": 0.01,
+            "user_config": {"max_batch_size": 64,
+                            "batch_wait_timeout_s": Why(0.0, "On the CPU, as in the cpu profile (no wait)."),
                             "max_batch_tokens": Why(192, "On the CPU, as in the cpu profile (passes of similar length).")},
             "ray_actor_options": {
                 "num_cpus": Why(2, "CPU-only (no num_gpus): 2 model threads. Ray keeps CPU-only "

@@ -122,9 +122,11 @@ def parse_batch_config(user_config: dict | None, deployment: str) -> BatchConfig
 TRANSLATOR_BATCH = BatchConfig(max_batch_size=32, batch_wait_timeout_s=0.01)
 
 #: MiniLM on one CPU thread: ~4.5 ms a text alone, ~3.7 in passes of similar length under 192 padded
-#: tokens, where one call padded to its longest text paid ~4.8 (docs/benchmarks/batching.md). On a GPU
-#: (`embeddings.device: cuda`) set the deployment's own user_config: small passes waste launches there.
-EMBEDDER_BATCH = BatchConfig(max_batch_size=64, batch_wait_timeout_s=0.01, max_batch_tokens=192)
+#: tokens, where one call padded to its longest text paid ~4.8 (docs/benchmarks/batching.md). No batch
+#: wait: the model queue joins what arrives while a batch computes, and a 10 ms wait only idled the model
+#: (docs/benchmarks/batch-wait-run). On a GPU (`embeddings.device: cuda`) set the deployment's own
+#: user_config: small passes waste launches there.
+EMBEDDER_BATCH = BatchConfig(max_batch_size=64, batch_wait_timeout_s=0.0, max_batch_tokens=192)
 
 #: Custom models (`models:`): a user's model is unknown here; 64 inputs per predict call suits
 #: small tabular models (microseconds per row), and each deployment's user_config retunes it.
