@@ -1,16 +1,21 @@
-"""`make run`'s embeddings under wrk, with environment variants interleaved: an A/B probe.
+"""`make run`'s embeddings under wrk, with environment or batch-knob variants interleaved: an A/B probe.
 
     .venv/bin/python -m bench.placed_probe --variant base: --variant user-loop:RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD=0 \
         --rounds 2 [--spy]
+    .venv/bin/python -m bench.placed_probe --variant wait10:Embedder.batch_wait_timeout_s=0.01 \
+        --variant wait0:Embedder.batch_wait_timeout_s=0 --clients 8,32,64 --seconds 20 --one-s 0
 
-Each round starts serve_config.placed.yaml (the bench's copy: cache off, a scratch port) once per
-variant, in the order given, warms it 15 s at `--clients`, measures `--seconds` there and then
-`--one-s` at 1 client, and stops it. `--spy` records the Ingress replicas with py-spy (raw stacks in
---out) during the first measurement; `--cpu` splits the machine's CPU during it into the model threads,
-the rest of the Ingress replicas (Serve's and our request path; ONNX Runtime's own pool threads, when it
-has more than one, count here too), HAProxy and the rest (Ray's processes, the kernel), from /proc; wrk
-has exited by the second reading, so its own CPU is not counted. Ratios between variants of one round are what to read: this
-machine's speed drifts between rounds. Needs wrk (apt) and, for --spy, py-spy (the bench extra).
+A variant's VAR=VALUE sets an environment variable; MODEL.KNOB=VALUE sets that model's batch knob in the
+Ingress's user_config (a YAML value). Each round starts serve_config.placed.yaml (the bench's copy: cache
+off, a scratch port) once per variant, in the order given (reversed every other round), warms it 15 s at the
+most `--clients`, measures `--seconds` at each of `--clients` and then `--one-s` at 1 client (0: not), and
+stops it. `--spy` records the Ingress replicas with py-spy (raw stacks in --out) during the first
+measurement; `--cpu` splits the machine's CPU over the `--clients` measurements into the model threads, the
+rest of the Ingress replicas (Serve's and our request path; ONNX Runtime's own pool threads, when it has
+more than one, count here too), HAProxy and the rest (Ray's processes, the kernel), from /proc; wrk has
+exited by the second reading, so its own CPU is not counted. Ratios between variants of one round are what
+to read: this machine's speed drifts between rounds. Needs wrk (apt) and, for --spy, py-spy (the bench
+extra).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import time
 from pathlib import Path
 
 import httpx
+import yaml
 
 from bench.compare import load
 from bench.compare.contenders import write_serve_app_config
@@ -81,18 +87,35 @@ def _ready(url: str, timeout_s: float = 180) -> float:
     raise TimeoutError(f"no answer from {url} in {timeout_s} s")
 
 
-def run_variant(name: str, env: dict, args, out: Path) -> dict:
-    config = write_serve_app_config("embeddings", PORT, out / f"{name}.yaml", config="serve_config.placed.yaml")
+def split_variant(spec: str) -> tuple[str, dict, dict]:
+    """`NAME:VAR=VALUE,MODEL.KNOB=VALUE` -> (name, environment, {model: {knob: value}} for the Ingress's
+    user_config; each value read as YAML, so 0 is a number and null unsets a knob)."""
+    name, _, pairs = spec.partition(":")
+    env: dict = {}
+    knobs: dict = {}
+    for pair in filter(None, pairs.split(",")):
+        key, _, value = pair.partition("=")
+        if "." in key:
+            model, _, knob = key.partition(".")
+            knobs.setdefault(model, {})[knob] = yaml.safe_load(value)
+        else:
+            env[key] = value
+    return name, env, knobs
+
+
+def run_variant(name: str, env: dict, args, out: Path, knobs: dict | None = None) -> dict:
+    config = write_serve_app_config("embeddings", PORT, out / f"{name}.yaml", config="serve_config.placed.yaml",
+                                    deployments={"Ingress": {"user_config": knobs}} if knobs else None)
     proc = subprocess.Popen([sys.executable, "-m", "serve_app.run", str(config)],
                             env=dict(os.environ, PYTHONPATH=str(ROOT), RAY_USAGE_STATS_ENABLED="0",
                                      SERVE_APP_DRAIN_TIMEOUT_S="2", **env),
                             stdout=open(out / f"{name}.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{PORT}"
     try:
-        row = {"variant": name, "env": env, "ready_s": round(_ready(url), 1)}
+        row = {"variant": name, "env": env, **({"knobs": knobs} if knobs else {}), "ready_s": round(_ready(url), 1)}
         texts = load.write_texts(tuple(POOL), out / "texts.jsonl")
         target = load.Target(url, "/v1/embeddings", "embeddings", 1, tuple(POOL))
-        load.run_closed(target, texts, args.clients, 15)
+        load.run_closed(target, texts, max(args.clients), 15)
         spies = []
         if args.spy:
             pids = subprocess.run(["pgrep", "-f", "ServeReplica:serve-app:Ingress"], capture_output=True, text=True).stdout.split()
@@ -101,12 +124,14 @@ def run_variant(name: str, env: dict, args, out: Path) -> dict:
                                        "-f", "raw", "-o", str(out / f"{name}-spy-{pid}.txt"), "--nonblocking"],
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for pid in pids]
         before, started = _thread_ticks() if args.cpu else {}, time.monotonic()
-        row["loaded"] = load.run_closed(target, texts, args.clients, args.seconds)
+        loaded = {clients: load.run_closed(target, texts, clients, args.seconds) for clients in args.clients}
+        row["loaded"] = loaded[args.clients[0]] if len(args.clients) == 1 else loaded
         if args.cpu:
             row["cores"] = cpu_split(before, _thread_ticks(), time.monotonic() - started)
         for spy in spies:
             spy.wait()
-        row["one_client"] = load.run_closed(target, texts, 1, args.one_s)
+        if args.one_s > 0:
+            row["one_client"] = load.run_closed(target, texts, 1, args.one_s)
         return row
     finally:
         os.killpg(proc.pid, signal.SIGINT)
@@ -119,9 +144,10 @@ def run_variant(name: str, env: dict, args, out: Path) -> dict:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--variant", action="append", required=True,
-                        help="NAME:VAR=VALUE,VAR=VALUE (NAME: for Ray's and the launcher's defaults)")
+                        help="NAME:VAR=VALUE,MODEL.KNOB=VALUE (NAME: for Ray's and the launcher's defaults)")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--clients", type=int, default=64)
+    parser.add_argument("--clients", type=lambda text: [int(c) for c in text.split(",")], default=[64],
+                        help="closed-loop clients, or several: 8,32,64 (--spy records the first; --cpu all of them)")
     parser.add_argument("--seconds", type=float, default=30)
     parser.add_argument("--one-s", type=float, default=20)
     parser.add_argument("--spy", action="store_true")
@@ -129,14 +155,13 @@ def main(argv=None) -> None:
     parser.add_argument("--out", type=Path, default=Path("/tmp/placed-probe"))
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    variants = []
-    for spec in args.variant:
-        name, _, pairs = spec.partition(":")
-        variants.append((name, dict(p.split("=", 1) for p in pairs.split(",") if p)))
+    variants = [split_variant(spec) for spec in args.variant]
     with open(args.out / "rows.jsonl", "a") as rows:
         for round_ in range(args.rounds):
-            for name, env in variants:
-                row = {"round": round_, **run_variant(name, env, args, args.out)}
+            # the order reversed every other round: a machine that speeds up or slows down within a round
+            # then favours no variant
+            for name, env, knobs in variants if round_ % 2 == 0 else variants[::-1]:
+                row = {"round": round_, **run_variant(name, env, args, args.out, knobs)}
                 rows.write(json.dumps(row) + "\n")
                 rows.flush()
                 print(json.dumps(row), flush=True)

@@ -468,3 +468,11 @@ def test_memory_of_a_many_process_server_is_broken_down_by_kind():
                           "| embeddings | serve-app | others | 5 / 5 | 15 | 15 |"]
     assert not any("mosec" in line for line in lines)  # 4 processes: no breakdown
     assert report.memory_by_kind_lines({"labels": {}, "memory": {"mosec/embeddings": {"after_first_answer": small}}}) == []
+
+
+def test_placed_probe_variants_set_the_environment_and_the_models_batch_knobs():
+    from bench.placed_probe import split_variant
+
+    assert split_variant("base:") == ("base", {}, {})
+    assert split_variant("wait0:Embedder.batch_wait_timeout_s=0,RAY_X=1,Embedder.max_batch_tokens=null") == (
+        "wait0", {"RAY_X": "1"}, {"Embedder": {"batch_wait_timeout_s": 0, "max_batch_tokens": None}})
