@@ -1,4 +1,5 @@
-"""`make run`'s embeddings under wrk, with environment or batch-knob variants interleaved: an A/B probe.
+"""`make run`'s embeddings (or translation: --workload) under wrk, with environment or batch-knob variants
+interleaved: an A/B probe.
 
     .venv/bin/python -m bench.placed_probe --variant base: --variant user-loop:RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD=0 \
         --rounds 2 [--spy]
@@ -75,11 +76,17 @@ def cpu_split(before: dict, after: dict, seconds: float) -> dict[str, float]:
     return {kind: round(value, 3) for kind, value in sorted(cores.items(), key=lambda kv: -kv[1])}
 
 
-def _ready(url: str, timeout_s: float = 180) -> float:
+#: --workload -> (route, body kind of bench.compare.load.Target): one text or record per request
+ROUTES = {"embeddings": ("/v1/embeddings", "embeddings"), "translation-embedded": ("/translation", "translation")}
+
+
+def _ready(url: str, timeout_s: float = 180, workload: str = "embeddings") -> float:
+    route, kind = ROUTES[workload]
+    body = load.Target(url, route, kind, 1, ("hello",)).body(0)
     start = time.monotonic()
     while time.monotonic() - start < timeout_s:
         try:
-            if httpx.post(f"{url}/v1/embeddings", json={"input": "hello"}, timeout=5).status_code == 200:
+            if httpx.post(f"{url}{route}", json=body, timeout=5).status_code == 200:
                 return time.monotonic() - start
         except httpx.HTTPError:
             pass
@@ -94,9 +101,11 @@ def split_variant(spec: str) -> tuple[str, dict, dict]:
     env: dict = {}
     knobs: dict = {}
     for pair in filter(None, pairs.split(",")):
-        key, _, value = pair.partition("=")
-        if "." in key:
-            model, _, knob = key.partition(".")
+        key, equals, value = pair.partition("=")
+        if not equals:
+            raise ValueError(f"variant {spec!r}: {pair!r} is not VAR=VALUE or MODEL.KNOB=VALUE")
+        if "." in key:  # the last dot: Model.iris.max_batch_size is Model.iris's max_batch_size
+            model, _, knob = key.rpartition(".")
             knobs.setdefault(model, {})[knob] = yaml.safe_load(value)
         else:
             env[key] = value
@@ -104,7 +113,7 @@ def split_variant(spec: str) -> tuple[str, dict, dict]:
 
 
 def run_variant(name: str, env: dict, args, out: Path, knobs: dict | None = None) -> dict:
-    config = write_serve_app_config("embeddings", PORT, out / f"{name}.yaml", config="serve_config.placed.yaml",
+    config = write_serve_app_config(args.workload, PORT, out / f"{name}.yaml", config="serve_config.placed.yaml",
                                     deployments={"Ingress": {"user_config": knobs}} if knobs else None)
     proc = subprocess.Popen([sys.executable, "-m", "serve_app.run", str(config)],
                             env=dict(os.environ, PYTHONPATH=str(ROOT), RAY_USAGE_STATS_ENABLED="0",
@@ -112,9 +121,10 @@ def run_variant(name: str, env: dict, args, out: Path, knobs: dict | None = None
                             stdout=open(out / f"{name}.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{PORT}"
     try:
-        row = {"variant": name, "env": env, **({"knobs": knobs} if knobs else {}), "ready_s": round(_ready(url), 1)}
+        row = {"variant": name, "workload": args.workload, "env": env, **({"knobs": knobs} if knobs else {}),
+               "ready_s": round(_ready(url, workload=args.workload), 1)}
         texts = load.write_texts(tuple(POOL), out / "texts.jsonl")
-        target = load.Target(url, "/v1/embeddings", "embeddings", 1, tuple(POOL))
+        target = load.Target(url, *ROUTES[args.workload], 1, tuple(POOL))
         load.run_closed(target, texts, max(args.clients), 15)
         spies = []
         if args.spy:
@@ -145,6 +155,8 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--variant", action="append", required=True,
                         help="NAME:VAR=VALUE,MODEL.KNOB=VALUE (NAME: for Ray's and the launcher's defaults)")
+    parser.add_argument("--workload", choices=sorted(ROUTES), default="embeddings",
+                        help="what each request asks for, one text or record: embeddings, or translation en->pt")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--clients", type=lambda text: [int(c) for c in text.split(",")], default=[64],
                         help="closed-loop clients, or several: 8,32,64 (--spy records the first; --cpu all of them)")

@@ -114,9 +114,10 @@ def _serve_app_start(config: str, deployments: dict | None = None) -> Callable[[
 
 _serve_app_argv = _serve_app_start("serve_config.yaml")
 _serve_app_placed_argv = _serve_app_start("serve_config.placed.yaml")
-#: make run's start with every call waiting batch_wait_timeout_s, as before skip_batch_wait_when_alone
+#: make run's start with every call waiting 10 ms for company, as before skip_batch_wait_when_alone (the
+#: Translator) and before the Embedder's wait of 0 (docs/benchmarks/batch-wait-run)
 _serve_app_placed_waits_argv = _serve_app_start("serve_config.placed.yaml", {"Ingress": {"user_config": {
-    model: {"skip_batch_wait_when_alone": False} for model in ("Translator", "Embedder")}}})
+    model: {"skip_batch_wait_when_alone": False, "batch_wait_timeout_s": 0.01} for model in ("Translator", "Embedder")}}})
 #: make run's start with each embeddings batch one padded call, as before the Embedder's max_batch_tokens
 _serve_app_placed_one_pass_argv = _serve_app_start("serve_config.placed.yaml", {"Ingress": {"user_config": {
     "Embedder": {"max_batch_tokens": None}}}})
@@ -163,7 +164,7 @@ CONTENDERS: tuple[Contender, ...] = (
               settle_s=45.0),
     # The same with every call waiting batch_wait_timeout_s (10 ms) for company, alone or not: the A/B of
     # skip_batch_wait_when_alone (docs/configuration.md).
-    Contender("serve_app_placed_waits", "serve-app as `make run` starts it, lone calls wait (skip_batch_wait_when_alone: false)",
+    Contender("serve_app_placed_waits", "serve-app as `make run` starts it, every call waits 10 ms (skip_batch_wait_when_alone: false)",
               _serve_app_placed_waits_argv, info_path="/v1/models", env=lambda workload: {"SERVE_APP_DRAIN_TIMEOUT_S": "2"},
               settle_s=45.0),
     # The same with each embeddings batch of up to 64 texts one call padded to its longest text: the A/B of

@@ -17,7 +17,7 @@ from fastapi import HTTPException
 from pydantic import ValidationError as BadBody
 
 from bench.peers import contract
-from bench.peers.models import WORKLOADS, load_model, project_batching
+from bench.peers.models import WORKLOADS, load_model, peer_batching
 from bench.peers.server_args import parse_server_args
 
 #: Seconds a request may take (LitServe's default 30 s would fail deep queues; wrk's is 300 s).
@@ -26,7 +26,7 @@ TIMEOUT_S = 300
 
 class ModelAPI(ls.LitAPI):
     def __init__(self, workload: str) -> None:
-        batch, wait_s = project_batching(workload)
+        batch, wait_s = peer_batching(workload)
         super().__init__(max_batch_size=batch, batch_timeout=wait_s, api_path=WORKLOADS[workload].route)
         self.workload = workload
 

@@ -110,10 +110,22 @@ def project_user_config(workload: str, config_path: Path = ROOT / "serve_config.
 
 
 def project_batching(workload: str, config_path: Path = ROOT / "serve_config.yaml") -> tuple[int, float]:
-    """(max_batch_size, batch_wait_timeout_s) of this workload's serve-app deployment; batching peers
-    get the same, so nobody wins by a larger batch or a longer wait."""
+    """(max_batch_size, batch_wait_timeout_s) of this workload's serve-app deployment."""
     user = project_user_config(workload, config_path)
     return int(user["max_batch_size"]), float(user["batch_wait_timeout_s"])
+
+
+#: The shortest batch wait a batching peer gets: mosec takes whole milliseconds of at least 1, and at 0
+#: LitServe 0.2.19 busy-polls its queue (a core on this 2-core box) and service_streamer 0.1.2 batches
+#: nothing (it leaves its collecting loop after the first item). serve-app's model queue runs at 0 without either.
+PEER_MIN_WAIT_S = 0.001
+
+
+def peer_batching(workload: str) -> tuple[int, float]:
+    """(max batch, wait in s) a batching peer gets: serve-app's own (`project_batching`), so nobody wins by a
+    larger batch or a longer wait, with the wait at least PEER_MIN_WAIT_S."""
+    batch, wait_s = project_batching(workload)
+    return batch, max(wait_s, PEER_MIN_WAIT_S)
 
 
 #: The embedding engine of a contender or of the offline sweep: torch (the default) or onnx (ONNX Runtime on the

@@ -23,7 +23,7 @@ from mosec import Server, ValidationError, Worker
 from pydantic import ValidationError as BadBody
 
 from bench.peers import contract
-from bench.peers.models import WORKLOADS, load_model, project_batching
+from bench.peers.models import WORKLOADS, load_model, peer_batching
 from bench.peers.server_args import parse_server_args
 
 #: The worker processes are spawned: they read the workload from the environment.
@@ -62,9 +62,9 @@ def main() -> None:
     os.environ.setdefault("MOSEC_TIMEOUT", str(TIMEOUT_S * 1000))
     os.environ.setdefault("MOSEC_LOG_LEVEL", "warning")
     sys.argv = [sys.argv[0], "--port", str(args.port)]
-    batch, wait_s = project_batching(args.workload)
+    batch, wait_s = peer_batching(args.workload)
     server = Server()
-    server.append_worker(Model, num=1, max_batch_size=batch, max_wait_time=max(1, round(wait_s * 1000)),
+    server.append_worker(Model, num=1, max_batch_size=batch, max_wait_time=round(wait_s * 1000),
                          route=WORKLOADS[args.workload].route)
     server.run()
 

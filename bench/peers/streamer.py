@@ -11,14 +11,14 @@ from __future__ import annotations
 from flask import Flask, jsonify, request
 
 from bench.peers import contract
-from bench.peers.models import WORKLOADS, load_model, project_batching
+from bench.peers.models import WORKLOADS, load_model, peer_batching
 from bench.peers.server_args import parse_server_args
 
 
 def create_app(workload: str) -> Flask:
     from service_streamer import ThreadedStreamer
 
-    batch_size, wait_s = project_batching(workload)
+    batch_size, wait_s = peer_batching(workload)
     streamer = ThreadedStreamer(load_model(workload), batch_size=batch_size, max_latency=wait_s)
     app = Flask(__name__)
 

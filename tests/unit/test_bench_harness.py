@@ -378,10 +378,10 @@ def test_litserve_api_decodes_serve_app_s_contract_and_refuses_a_bad_body_with_4
     from fastapi import HTTPException
 
     from bench.peers.litserve_peer import ModelAPI
-    from bench.peers.models import WORKLOADS, project_batching
+    from bench.peers.models import WORKLOADS, peer_batching
 
     api = ModelAPI("embeddings")
-    assert (api.max_batch_size, api.batch_timeout) == project_batching("embeddings")
+    assert (api.max_batch_size, api.batch_timeout) == peer_batching("embeddings")
     assert api.api_path == WORKLOADS["embeddings"].route
     api.run = _fake_run
     _fake_run.calls = []
@@ -476,3 +476,15 @@ def test_placed_probe_variants_set_the_environment_and_the_models_batch_knobs():
     assert split_variant("base:") == ("base", {}, {})
     assert split_variant("wait0:Embedder.batch_wait_timeout_s=0,RAY_X=1,Embedder.max_batch_tokens=null") == (
         "wait0", {"RAY_X": "1"}, {"Embedder": {"batch_wait_timeout_s": 0, "max_batch_tokens": None}})
+    assert split_variant("iris:Model.iris.max_batch_size=4")[2] == {"Model.iris": {"max_batch_size": 4}}
+    with pytest.raises(ValueError, match="RAY_X"):
+        split_variant("typo:RAY_X")
+
+
+def test_batching_peers_get_serve_apps_batch_and_wait_but_never_less_than_a_millisecond():
+    """LitServe busy-polls and service_streamer stops batching at a wait of 0; serve-app's Embedder runs at 0."""
+    from bench.peers.models import PEER_MIN_WAIT_S, peer_batching, project_batching
+
+    batch, wait_s = project_batching("embeddings")
+    assert peer_batching("embeddings") == (batch, max(wait_s, PEER_MIN_WAIT_S)) and PEER_MIN_WAIT_S == 0.001
+    assert peer_batching("translation-embedded") == project_batching("translation-embedded")  # 10 ms as it is
