@@ -313,9 +313,10 @@ GPU_PROFILE: dict[str, Any] = {
             "max_queued_requests": 512,
             "health_check_period_s": 5,
             "health_check_timeout_s": 10,
+            # On the CPU: the cpu profile's batch wait and token budget (one place), its own batch cap.
             "user_config": {"max_batch_size": 64,
-                            "batch_wait_timeout_s": Why(0.0, "On the CPU, as in the cpu profile (no wait)."),
-                            "max_batch_tokens": Why(192, "On the CPU, as in the cpu profile (passes of similar length).")},
+                            **{knob: CPU_PROFILE["deployments"]["Embedder"]["user_config"][knob]
+                               for knob in ("batch_wait_timeout_s", "max_batch_tokens")}},
             "ray_actor_options": {
                 "num_cpus": Why(2, "CPU-only (no num_gpus): 2 model threads. Ray keeps CPU-only "
                                    "actors off GPU nodes while CPU nodes have room."),

@@ -5,7 +5,8 @@ stop together and requests in flight lose their connection (measured: 5 of 8 in 
 cut off on SIGTERM, 8 of 8 on SIGINT). This launcher checks the config (serve_app.config_check),
 starts the local Ray cluster itself and deploys the config from its own process, as `serve run`
 does (same config, same logs; no second Ray driver: measured 0.9-3.0 s sooner ready and 81 MiB less
-memory than `serve run` as a child plus config_check's own process, docs/benchmarks/launcher-run), and on Ctrl-C / SIGTERM first drains every Ingress replica at once (serve_app/drain_signal.py: new model
+memory than `serve run` as a child plus config_check's own process, docs/benchmarks/launcher-run),
+and on Ctrl-C / SIGTERM first drains every Ingress replica at once (serve_app/drain_signal.py: new model
 requests get `503 shutting_down` + Retry-After, /readyz turns 503, admitted requests finish, up to
 --drain-timeout-s), then shuts Serve and Ray down. `make run` uses it.
 
