@@ -1,7 +1,7 @@
 """Every contender on the same model, machine and load generator, interleaved: `make bench`.
 
     python -m bench.compare [--profile default|full|smoke] [--out docs/benchmarks]
-                            [--only naive,serve_app] [--workloads embeddings]
+                            [--only naive,serve_app] [--workloads embeddings] [--rounds 2]
 
 Per workload: the offline limit first, then each server in turn (start it, warm it
 up, run its closed-loop cells and its open-loop cell at 50% of its own saturation,
@@ -23,7 +23,7 @@ import urllib.request
 from datetime import datetime, timezone
 from pathlib import Path
 
-from bench.compare import load, report, stats
+from bench.compare import load, report, rounds, stats
 from bench.compare.contenders import CONTENDERS, MAIN_PYTHON, OFFLINE, Contender, import_missing, contender_env
 from bench.compare.machine import describe_machine, source_revision
 from bench.compare.procs import Server, ServerFailed
@@ -164,12 +164,18 @@ def main() -> None:
     parser.add_argument("--append", action="store_true",
                         help="merge into --out's results.json (replacing these workloads' figures) instead of "
                              "starting afresh: a long run in several shorter locked steps")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="the whole run this many times, the contenders' order reversed in every other round, "
+                             "each into --out/round-N, and issue 24's targets per round in --out/rounds.md (met "
+                             "only if met in every round): the machine's drift between turns, measured")
     parser.add_argument("--storm-clients", type=int,
                         help="the client storm's size (default: the profile's; 0: no storm). Past what the Ingress "
                              "replicas admit and hold waiting (64 + 192 each in make run), HAProxy queues the rest "
                              "for up to ingress.max_wait_s, then answers 503")
     args = parser.parse_args()
     profile = PROFILES[args.profile]
+    if args.rounds < 1 or (args.rounds > 1 and args.append):
+        raise SystemExit(f"--rounds must be >= 1 and cannot be combined with --append, got {args.rounds}")
     if args.storm_clients is not None:
         if args.storm_clients < 0:
             raise SystemExit(f"--storm-clients must be >= 0, got {args.storm_clients}")
@@ -183,14 +189,28 @@ def main() -> None:
     if shutil.which("wrk") is None:
         raise SystemExit("the load generator wrk is not on PATH (Debian: apt-get install wrk)")
     workloads = tuple(args.workloads.split(",")) if args.workloads else profile.workloads
+    if args.rounds == 1:
+        run_once(args, profile, chosen, workloads, args.out)
+        return
+    done = []
+    for index in range(args.rounds):  # each contender gets the early and the late turn (bench/compare/rounds.py)
+        log(f"round {index + 1} of {args.rounds}")
+        done.append(run_once(args, profile, rounds.round_order(chosen, index), workloads,
+                             args.out / f"round-{index + 1}"))
+        (args.out / "rounds.md").write_text(rounds.summary_markdown(done))
+    log(f"{args.rounds} rounds: {args.out}/rounds.md")
+
+
+def run_once(args, profile: Profile, chosen: list[Contender], workloads: tuple[str, ...], out: Path) -> dict:
+    """One run: per workload the offline limit, then each contender in `chosen`'s order; written to `out`."""
     results = {"profile": profile.name, "started_at": f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC}",
                "machine": describe_machine(), "revision": source_revision(), "workloads": list(workloads), "records": list(profile.records),
                "concurrencies": list(profile.concurrencies), "cell_s": profile.cell_s, "open_s": profile.open_s,
                "contenders": [c.name for c in chosen], "labels": {c.name: c.label for c in chosen},
                "offline": {}, "cells": [], "failures": [], "contender_info": {}, "startup_s": {}, "first_answer_s": {}, "memory": {},
                "wall_s": {}}
-    if args.append and (args.out / "results.json").is_file():
-        results = merge_previous(json.loads((args.out / "results.json").read_text()), results)
+    if args.append and (out / "results.json").is_file():
+        results = merge_previous(json.loads((out / "results.json").read_text()), results)
     began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-compare-") as tmp:
         scratch = Path(tmp)
@@ -212,10 +232,11 @@ def main() -> None:
                     results["failures"].append({"contender": contender.name, "workload": workload, "error": reason})
                     continue
                 run_contender(contender, workload, profile, args.port, scratch, texts_file, results)
-                write_outputs(results, args.out, with_plots=False)
+                write_outputs(results, out, with_plots=False)
     results["total_wall_s"] = round(results.get("total_wall_s", 0) + time.monotonic() - began, 1)
-    write_outputs(results, args.out, with_plots=True)
-    log(f"done in {results['total_wall_s']:.0f} s: {args.out}/results.md")
+    write_outputs(results, out, with_plots=True)
+    log(f"done in {results['total_wall_s']:.0f} s: {out}/results.md")
+    return results
 
 
 if __name__ == "__main__":
