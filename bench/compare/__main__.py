@@ -22,6 +22,7 @@ import time
 import urllib.request
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Optional
 
 from bench.compare import load, report, rounds, stats
 from bench.compare.contenders import CONTENDERS, MAIN_PYTHON, OFFLINE, Contender, import_missing, contender_env
@@ -196,19 +197,21 @@ def main() -> None:
     for index in range(args.rounds):  # each contender gets the early and the late turn (bench/compare/rounds.py)
         log(f"round {index + 1} of {args.rounds}")
         done.append(run_once(args, profile, rounds.round_order(chosen, index), workloads,
-                             args.out / f"round-{index + 1}"))
+                             args.out / f"round-{index + 1}", index + 1))
         (args.out / "rounds.md").write_text(rounds.summary_markdown(done))
     log(f"{args.rounds} rounds: {args.out}/rounds.md")
 
 
-def run_once(args, profile: Profile, chosen: list[Contender], workloads: tuple[str, ...], out: Path) -> dict:
-    """One run: per workload the offline limit, then each contender in `chosen`'s order; written to `out`."""
+def run_once(args, profile: Profile, chosen: list[Contender], workloads: tuple[str, ...], out: Path,
+             round_number: Optional[int] = None) -> dict:
+    """One run: per workload the offline limit, then each contender in `chosen`'s order; written to `out`
+    (`round_number`: which of --rounds, in --out/round-N)."""
     results = {"profile": profile.name, "started_at": f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC}",
                "machine": describe_machine(), "revision": source_revision(), "workloads": list(workloads), "records": list(profile.records),
                "concurrencies": list(profile.concurrencies), "cell_s": profile.cell_s, "open_s": profile.open_s,
                "contenders": [c.name for c in chosen], "labels": {c.name: c.label for c in chosen},
                "offline": {}, "cells": [], "failures": [], "contender_info": {}, "startup_s": {}, "first_answer_s": {}, "memory": {},
-               "wall_s": {}}
+               "wall_s": {}, **({"round": round_number} if round_number else {})}
     if args.append and (out / "results.json").is_file():
         results = merge_previous(json.loads((out / "results.json").read_text()), results)
     began = time.monotonic()

@@ -89,7 +89,8 @@ def markdown(results: dict) -> str:
     labels = results["labels"]
     lines = [f"# Benchmark results ({results['profile']} profile)", "",
              f"Run {results['started_at']} on {results['machine']}.", "",
-             f"Source: {results.get('revision', 'unknown')}. Method and caveats: [README.md](README.md).", "",
+             f"Source: {results.get('revision', 'unknown')}. Method and caveats: "
+             f"[README.md]({'../' if results.get('round') else ''}README.md).", "",
              "## Targets", ""]
     for project in [p for p in PROJECT if p in results["contenders"]] or ["serve_app"]:
         lines += [f"{labels.get(project, project)}:", "", "| target | figure | verdict |", "|---|---|---|"]

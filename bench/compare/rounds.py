@@ -43,19 +43,33 @@ def summary_markdown(rounds: Sequence[dict]) -> str:
              "other round. A target is met only if it is met in every round.", "",
              "| round | started | order |", "|---|---|---|"]
     lines += [f"| {i + 1} | {r['started_at']} | {', '.join(r['contenders'])} |" for i, r in enumerate(rounds)]
+    failed = [{f["contender"] for f in r.get("failures", [])} for r in rounds]
+    lines += [f"- round {i + 1}: {f['contender']} / {f['workload']} failed: `{f['error'][:200]}`"
+              for i, r in enumerate(rounds) for f in r.get("failures", [])]
     contenders = first["contenders"]
     peers = [c for c in contenders if c not in PROJECT]
     for project in [p for p in PROJECT if p in contenders]:
-        per_round = [peer_targets.targets(r, project, [p for p in peers if p in r["contenders"]]) for r in rounds]
+        per_round = [_without_failed_peers(peer_targets.targets(r, project, [p for p in peers if p in r["contenders"]]),
+                                           sorted(gone & set(peers)))
+                     for r, gone in zip(rounds, failed)]
         lines += ["", f"## {first['labels'].get(project, project)} against {', '.join(peers) or 'no peer'}", "",
                   "| target | " + " | ".join(names) + " | verdict |", "|---" * (len(names) + 2) + "|"]
-        for row, *others in zip(*per_round):
+        for row, *others in zip(*per_round, strict=True):
             figures = [row] + others
             cells = [f"{_fmt(t['figure'], 2)} ({t['detail']})" if t["detail"] else _fmt(t["figure"], 2)
                      for t in figures]
             verdict = VERDICTS[every_round([t["met"] for t in figures])]
             lines.append(f"| {row['target']} | " + " | ".join(cells) + f" | {verdict} |")
     return "\n".join(lines) + "\n"
+
+
+def _without_failed_peers(rows: list[dict], gone: list[str]) -> list[dict]:
+    """A lead over "every peer" is not measured in a round where a peer failed: it would be judged against
+    the weaker ones."""
+    if not gone:
+        return rows
+    return [dict(t, met=None, detail=f"{t['detail']}; failed: {', '.join(gone)}") if "every peer" in t["target"]
+            else t for t in rows]
 
 
 __all__ = ["every_round", "round_order", "summary_markdown"]

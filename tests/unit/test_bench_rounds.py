@@ -38,3 +38,22 @@ def test_the_summary_gives_each_round_s_figure_and_the_verdict_over_all():
     assert row.endswith("| met |")  # 1.5 x in both rounds
     assert "| 2 | 2026-11-30 01:00 UTC | mosec, serve_app_placed |" in text
     assert rounds.summary_markdown([]) == ""
+
+
+def test_a_lead_is_not_measured_in_a_round_where_a_peer_failed():
+    broken = a_round(["mosec", "serve_app_placed"], 250.0, 200.0)
+    broken["cells"] = [c for c in broken["cells"] if c["contender"] != "mosec"]
+    broken["failures"] = [{"contender": "mosec", "workload": "embeddings", "error": "ServerFailed: boom"}]
+    text = rounds.summary_markdown([a_round(["serve_app_placed", "mosec"], 250.0, 200.0), broken])
+    row = next(line for line in text.splitlines() if line.startswith("| 8 clients x 1 text"))
+    assert row.endswith("failed: mosec) | not measured |")  # never "met" against the peers that were left
+    assert "- round 2: mosec / embeddings failed: `ServerFailed: boom`" in text
+
+
+def test_each_round_s_report_links_the_harness_readme_one_folder_up():
+    from bench.compare import report
+
+    results = a_round(["serve_app_placed", "mosec"], 250.0, 200.0)
+    results.update(machine="m", workloads=["embeddings"], records=[1], failures=[], startup_s={}, memory={})
+    assert "[README.md](README.md)" in report.markdown(results)
+    assert "[README.md](../README.md)" in report.markdown(dict(results, round=2))
