@@ -44,6 +44,7 @@ def summary_markdown(rounds: Sequence[dict]) -> str:
              "| round | started | order |", "|---|---|---|"]
     lines += [f"| {i + 1} | {r['started_at']} | {', '.join(r['contenders'])} |" for i, r in enumerate(rounds)]
     failed = [{f["contender"] for f in r.get("failures", [])} for r in rounds]
+    lines += [""] if any(failed) else []
     lines += [f"- round {i + 1}: {f['contender']} / {f['workload']} failed: `{f['error'][:200]}`"
               for i, r in enumerate(rounds) for f in r.get("failures", [])]
     contenders = first["contenders"]
@@ -68,7 +69,7 @@ def _without_failed_peers(rows: list[dict], gone: list[str]) -> list[dict]:
     the weaker ones."""
     if not gone:
         return rows
-    return [dict(t, met=None, detail=f"{t['detail']}; failed: {', '.join(gone)}") if "every peer" in t["target"]
+    return [dict(t, met=None, detail=f"{t['detail']}; failed: {', '.join(gone)}") if t.get("versus_peers")
             else t for t in rows]
 
 
