@@ -232,16 +232,15 @@ CPU_PROFILE: dict[str, Any] = {
     },
 }
 
-#: Every autoscaled deployment of a cluster profile: how far one downscale step goes toward the
-#: autoscaler's wish (Serve multiplies the step by it). A head restart in the middle of a downscale
-#: makes Serve's recovering controller stop that many replicas again, choosing without knowing which
-#: were already draining: in CI the Embedder went from 6 to 2 with the head's death in between, and
-#: all 6 ended stopped or stopping (tests/cluster). A step from n to t replicas can so leave 2t - n;
-#: removing under half of them per step (t > n / 2) always leaves one running. Scaling from 16 to 2
-#: takes 6 steps (one per downscale_delay_s) instead of 1.
-CLUSTER_DOWNSCALING_FACTOR = Why(0.34, "Under half of the replicas per step, so one keeps running if the head "
-                                       "restarts mid-downscale (why: CLUSTER_DOWNSCALING_FACTOR in "
-                                       "deploy/serve_profiles.py).")
+#: Every autoscaled deployment of a cluster profile: Ray's queue-length policy, each downscale step held to what
+#: leaves a serving replica if the head restarts in the middle of it. Serve's recovering controller then stops
+#: replicas again, choosing among every live actor without knowing which were already stopping: the Embedder once
+#: went from 6 to 2 with all 6 ended, and on 2026-11-30 an Ingress at a target of 4 with 3 running (a pod short)
+#: lost both serving replicas (tests/cluster). Why and how: serve_app/autoscaling.py. Scaling from 16 to 2 takes
+#: 4 steps (one per downscale_delay_s).
+CLUSTER_AUTOSCALING_POLICY = {"policy_function": Why(
+    "serve_app.autoscaling:keep_one_serving", "Ray's policy, each step down held so that one replica keeps serving if the head restarts "
+                 "mid-downscale (why: serve_app/autoscaling.py).")}
 
 GPU_PROFILE: dict[str, Any] = {
     "args": {
@@ -280,7 +279,7 @@ GPU_PROFILE: dict[str, Any] = {
                     16, "One full batch computing (64 records = 8 calls of 8) and one forming."),
                 "upscale_delay_s": Why(15, "A new GPU pod takes minutes; start early on a real ramp."),
                 "downscale_delay_s": Why(300, "Releasing a GPU and getting it back is slow: ride out lulls."),
-                "downscaling_factor": CLUSTER_DOWNSCALING_FACTOR,
+                "policy": CLUSTER_AUTOSCALING_POLICY,
                 "look_back_period_s": Why(30, "Smooths bursts; must exceed the 10 s metrics interval."),
             },
             "max_ongoing_requests": Why(128, ">= 2 x max_batch_size: the next batch forms while one computes."),
@@ -306,7 +305,7 @@ GPU_PROFILE: dict[str, Any] = {
                 "target_ongoing_requests": Why(4, "One full batch computing (2 calls of 32) and one forming."),
                 "upscale_delay_s": 10,
                 "downscale_delay_s": 120,
-                "downscaling_factor": CLUSTER_DOWNSCALING_FACTOR,
+                "policy": CLUSTER_AUTOSCALING_POLICY,
                 "look_back_period_s": 30,
             },
             "max_ongoing_requests": 128,
@@ -324,7 +323,7 @@ GPU_PROFILE: dict[str, Any] = {
         },
         "JobManager": JOB_MANAGER_DEPLOYMENT,
         "Model.iris": merge(IRIS_DEPLOYMENT, {"autoscaling_config": {
-            "min_replicas": Why(2, "Two, as the Embedder."), "downscaling_factor": CLUSTER_DOWNSCALING_FACTOR}}),
+            "min_replicas": Why(2, "Two, as the Embedder."), "policy": CLUSTER_AUTOSCALING_POLICY}}),
     },
 }
 
@@ -410,7 +409,7 @@ CPU_CLUSTER_OVERRIDES: dict[str, Any] = {
                     "the first sheds."),
                 "upscale_delay_s": 5,
                 "downscale_delay_s": 60,
-                "downscaling_factor": CLUSTER_DOWNSCALING_FACTOR,
+                "policy": CLUSTER_AUTOSCALING_POLICY,
                 "look_back_period_s": 15,
             },
             "max_replicas_per_node": Why(1, "Spread over pods: a lost pod takes at most one Ingress, and every "
@@ -428,7 +427,7 @@ CPU_CLUSTER_OVERRIDES: dict[str, Any] = {
                                        "capacity for the ~30 s a replacement takes, never to zero."),
                 "max_replicas": Why(16, "Half of the worker group's 32 CPUs at one CPU each."),
                 "downscale_delay_s": Why(60, "Pods come and go with replicas: do not flap them."),
-                "downscaling_factor": CLUSTER_DOWNSCALING_FACTOR,
+                "policy": CLUSTER_AUTOSCALING_POLICY,
             },
             "ray_actor_options": {
                 "num_cpus": Why(1, "One model thread per replica (torch / the native engine follow the share)."),
@@ -440,7 +439,7 @@ CPU_CLUSTER_OVERRIDES: dict[str, Any] = {
                 "min_replicas": Why(2, "Two, on two pods, as the Translator."),
                 "max_replicas": Why(8, "A quarter of the worker group's CPUs."),
                 "downscale_delay_s": 60,
-                "downscaling_factor": CLUSTER_DOWNSCALING_FACTOR,
+                "policy": CLUSTER_AUTOSCALING_POLICY,
             },
             "ray_actor_options": {
                 "num_cpus": Why(1, "One torch thread per replica."),
@@ -451,7 +450,7 @@ CPU_CLUSTER_OVERRIDES: dict[str, Any] = {
             "autoscaling_config": {
                 "min_replicas": Why(2, "Two, on two pods, as the Translator."),
                 "max_replicas": 4,
-                "downscaling_factor": CLUSTER_DOWNSCALING_FACTOR,
+                "policy": CLUSTER_AUTOSCALING_POLICY,
             },
             "max_replicas_per_node": Why(1, "Its replicas are for availability, not throughput: one per pod "
                                             "(Serve's spreading is best effort; two were seen on one pod after a "

@@ -252,9 +252,9 @@ def test_a_ramp_scales_replicas_across_nodes(cluster, endpoints, figures, tmp_pa
 def test_the_head_restarted_with_gcs_fault_tolerance(cluster, endpoints, figures, how):
     """The head lost in the middle of a downscale, as CI once hit by chance: the ramp before left replicas
     above the minimum, and the head dies while the autoscaler stops some. Serve's recovering controller
-    then stops as many again, not knowing which were draining; the cluster profile's downscaling_factor
-    keeps a replica of every deployment running through it, and a call no replica takes is 503, never a
-    hang (CLUSTER_DOWNSCALING_FACTOR in deploy/serve_profiles.py, HandleClient in serve_app/model_clients.py).
+    then stops as many again, not knowing which were draining; the cluster profile's autoscaling policy
+    holds every step down so that a replica of every deployment keeps serving through it, and a call no
+    replica takes is 503, never a hang (serve_app/autoscaling.py, HandleClient in serve_app/model_clients.py).
     Then the head's pod deleted as Kubernetes deletes it (kubelet.py): the head
     holds no replica and no traffic, so it has nothing to drain and must stop well within its grace period."""
     assert cluster.spec.gcs_ft is not None, "the RayService must set gcsFaultToleranceOptions"
@@ -311,7 +311,7 @@ def test_the_head_restarted_with_gcs_fault_tolerance(cluster, endpoints, figures
         assert [r["id"] for r in job["result"]["result"]] == [f"{tag}-{i}" for i in range(records)], name
     for name in ("Ingress", "Translator", "Embedder"):
         # GCS fault tolerance keeps the workers' replicas: some of each survive, even mid-downscale. In CI
-        # without downscaling_factor the Embedder went from 6 to 2 as the head died, the recovering
+        # with Ray's default policy the Embedder went from 6 to 2 as the head died, the recovering
         # controller stopped the 2 kept (of the 6 it found live), and every Embedder after was new.
         before, after = before_ids[name], after_ids[name]
         assert before & after, f"{name}'s replicas were all replaced: {sorted(before)} -> {sorted(after)}"
