@@ -10,10 +10,14 @@ no order). On the local cluster (tests/cluster, 2026-11-30) the Ingress was at a
 running (one pod short); Ray's step went from 4 to 2, computed from the 3 running; the head was deleted;
 the restarted controller found 4 live and stopped the only 2 that served. For 26 s no Ingress answered.
 
-A step may therefore remove only as many replicas as leave one serving in the worst case of such a
-recovery, `lowest_safe_target`. The cluster profiles name `keep_one_serving` as every autoscaled
-deployment's policy (deploy/serve_profiles.py). It assumes what the cluster profiles ensure (tests/deploy): a stopped
-replica is gone before the next step, `downscale_delay_s` later. Upscaling is Ray's.
+A step may therefore remove only as many replicas as leave one serving in the worst case of such a recovery,
+`lowest_safe_target`. With at most one replica running and the rest pending, that holds the target where it
+is: the pending ones keep asking for pods. A redeploy that lowers `max_replicas` (or `target_capacity`) cuts
+the target at once, outside any policy. The cluster profiles name `keep_one_serving` as every autoscaled
+deployment's policy (deploy/serve_profiles.py). It assumes what the cluster profiles ensure (tests/deploy): a
+stopped replica is gone before the next step, `downscale_delay_s` later (Serve kills it after its shutdown
+timeout), and no scaling factor: the hold is a target, and Serve applies a factor to the difference from the
+running count. Upscaling is Ray's.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any
 
 from ray.serve.autoscaling_policy import replica_queue_length_autoscaling_policy
 from ray.serve.config import AutoscalingContext
+
 
 def lowest_safe_target(target: int, running: int) -> int:
     """The lowest target one downscale step may set, from `target` with `running` of them serving.
