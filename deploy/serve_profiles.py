@@ -239,8 +239,9 @@ CPU_PROFILE: dict[str, Any] = {
 #: lost both serving replicas (tests/cluster). Why and how: serve_app/autoscaling.py. Scaling from 16 to 2 takes
 #: 4 steps (one per downscale_delay_s).
 CLUSTER_AUTOSCALING_POLICY = {"policy_function": Why(
-    "serve_app.autoscaling:keep_one_serving", "Ray's policy, each step down held so that one replica keeps serving if the head restarts "
-                 "mid-downscale (why: serve_app/autoscaling.py).")}
+    "serve_app.autoscaling:keep_one_serving",
+    "Ray's policy, each step down held so that one replica keeps serving if the head restarts mid-downscale "
+    "(why: serve_app/autoscaling.py).")}
 
 GPU_PROFILE: dict[str, Any] = {
     "args": {

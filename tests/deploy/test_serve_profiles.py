@@ -134,7 +134,7 @@ def test_a_head_restart_mid_downscale_leaves_every_deployment_a_serving_replica(
     from ray.serve.autoscaling_policy import _apply_autoscaling_config
     from ray.serve.config import AutoscalingConfig
 
-    from tests.unit.test_autoscaling_policy import autoscaling_context, serving_left_after_recovery
+    from tests.autoscaling_model import autoscaling_context, serving_left_after_recovery
 
     for dep in sp.serve_config(profile, "cluster")["applications"][0]["deployments"]:
         if "autoscaling_config" not in dep:

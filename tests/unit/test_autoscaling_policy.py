@@ -4,23 +4,13 @@ functions called directly: no Ray started."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
-from ray.serve.config import AutoscalingConfig, AutoscalingContext
+from ray.serve.config import AutoscalingConfig
 
 from deploy.serve_profiles import CLUSTER_AUTOSCALING_POLICY
 from deploy.annotated import plain
 from serve_app.autoscaling import keep_one_serving, lowest_safe_target
-
-
-def serving_left_after_recovery(target: int, running: int, removed: int) -> int:
-    """A step removes `removed` of `target` replicas (`running` of them serving; Serve stops the pending first),
-    the head restarts before any stopped actor is gone, and the recovering controller stops `removed` of the
-    `target` live actors, the serving ones first (the worst of its unordered choice)."""
-    pending = max(0, target - running)
-    stopped_serving = max(0, removed - pending)
-    return max(0, running - stopped_serving - removed)
+from tests.autoscaling_model import autoscaling_context, serving_left_after_recovery
 
 
 @pytest.mark.parametrize("target", range(1, 17))
@@ -41,15 +31,6 @@ def test_the_case_the_local_cluster_hit():
     assert lowest_safe_target(4, 3) == 3
     assert lowest_safe_target(3, 3) == 2
     assert lowest_safe_target(16, 16) == 9  # 16 -> 9 -> 5 -> 3 -> 2: four steps
-
-
-def autoscaling_context(config: AutoscalingConfig, target: int, running: int, requests: float) -> AutoscalingContext:
-    return AutoscalingContext(
-        deployment_id=None, deployment_name="Ingress", app_name="serve-app", current_num_replicas=running,
-        target_num_replicas=target, running_replicas=[], total_num_requests=requests, total_queued_requests=None,
-        aggregated_metrics=None, raw_metrics=None, capacity_adjusted_min_replicas=config.min_replicas,
-        capacity_adjusted_max_replicas=config.max_replicas, policy_state={}, last_scale_up_time=None,
-        last_scale_down_time=None, current_time=time.time(), config=config)
 
 
 def test_the_policy_holds_an_idle_downscale_at_the_safe_target_and_leaves_upscaling_to_ray():
