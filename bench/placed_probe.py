@@ -121,10 +121,10 @@ def run_variant(name: str, env: dict, args, out: Path, knobs: dict | None = None
                             stdout=open(out / f"{name}.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{PORT}"
     try:
-        row = {"variant": name, "workload": args.workload, "env": env, **({"knobs": knobs} if knobs else {}),
+        row = {"variant": name, "workload": args.workload, "records": args.records, "env": env, **({"knobs": knobs} if knobs else {}),
                "ready_s": round(_ready(url, workload=args.workload), 1)}
         texts = load.write_texts(tuple(POOL), out / "texts.jsonl")
-        target = load.Target(url, *ROUTES[args.workload], 1, tuple(POOL))
+        target = load.Target(url, *ROUTES[args.workload], args.records, tuple(POOL))
         load.run_closed(target, texts, max(args.clients), 15)
         spies = []
         if args.spy:
@@ -157,6 +157,7 @@ def main(argv=None) -> None:
                         help="NAME:VAR=VALUE,MODEL.KNOB=VALUE (NAME: for Ray's and the launcher's defaults)")
     parser.add_argument("--workload", choices=sorted(ROUTES), default="embeddings",
                         help="what each request asks for, one text or record: embeddings, or translation en->pt")
+    parser.add_argument("--records", type=int, default=1, help="texts (or records) per request")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--clients", type=lambda text: [int(c) for c in text.split(",")], default=[64],
                         help="closed-loop clients, or several: 8,32,64 (--spy records the first; --cpu all of them)")
