@@ -192,12 +192,15 @@ bench-gpu: $(VENV)/.installed-bench
 bench-gpu-engines: $(VENV)/.installed-bench
 	$(BIN)/python -m bench.gpu.engines --out $(BENCH_GPU_OUT) --streamer $(BENCH_GPU_ARGS)
 
-## Serve's view of the running app (replica states) through the dashboard at RAY_DASHBOARD_ADDRESS:
-## `make run`'s by default; `make status RAY_DASHBOARD_ADDRESS=http://<head>:8265` for a cluster's.
-## Ray 2.60 turns token auth on.
-RAY_DASHBOARD_ADDRESS ?= http://127.0.0.1:8265
+## Serve's view of the running app (replica states), as `serve status` prints it: `make run`'s on
+## $(PORT), read through Ray (it starts no dashboard: serve_app/status.py); a dashboard's with
+## `make status RAY_DASHBOARD_ADDRESS=http://<head>:8265` (a cluster, `serve run`; Ray 2.60 turns token auth on).
 status:
+ifdef RAY_DASHBOARD_ADDRESS
 	RAY_AUTH_MODE=token $(BIN)/serve status --address $(RAY_DASHBOARD_ADDRESS)
+else
+	$(BIN)/python -m serve_app.status --port $(PORT)
+endif
 
 clean:
 	rm -rf .build reports .pytest_cache

@@ -135,13 +135,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drain-timeout-s", type=float,
                         default=float(os.environ.get("SERVE_APP_DRAIN_TIMEOUT_S", "30")),
                         help="longest wait for admitted requests on stop (env SERVE_APP_DRAIN_TIMEOUT_S)")
-    # --no-dashboard is the lean start: measured 16 processes instead of 27 and 214 MB less PSS,
-    # but no less CPU per request (docs/benchmarks/overhead.md). On by default because
-    # `serve status` (make status) talks to the dashboard. The node agent (metrics export) runs either way.
+    # Without Ray's dashboard: 16 processes instead of 27, 214 MB less PSS (docs/benchmarks/overhead.md) and
+    # the first answer 0.9-2.9 s sooner (docs/benchmarks/launcher-run). `make status` reads Serve's view
+    # through Ray instead (serve_app/status.py). The node agent (metrics export) runs either way.
     parser.add_argument("--dashboard", action=argparse.BooleanOptionalAction,
-                        default=os.environ.get("SERVE_APP_RAY_DASHBOARD", "1") not in ("0", "false", "no"),
-                        help="start Ray's dashboard, which `serve status` needs (env SERVE_APP_RAY_DASHBOARD=0: "
-                             "--no-dashboard, 11 fewer processes and ~200 MB less memory)")
+                        default=os.environ.get("SERVE_APP_RAY_DASHBOARD", "0") not in ("0", "false", "no", ""),
+                        help="also start Ray's dashboard (env SERVE_APP_RAY_DASHBOARD=1): its web views and "
+                             "`serve status`, for 11 more processes, ~200 MB and 1-3 s of start")
     parser.add_argument("--proxy", choices=PROXY_CHOICES, default=os.environ.get("SERVE_APP_PROXY", "auto"),
                         help="Serve's HTTP proxy (env SERVE_APP_PROXY): auto = HAProxy where a binary is found "
                              "(half the CPU per request), else Serve's Python proxy; python = the Python proxy, "
@@ -188,8 +188,9 @@ def main(argv: list[str] | None = None) -> int:
 def _serve(ns: argparse.Namespace) -> int:
     import ray
     from ray import serve
+    from ray.serve.schema import HTTPOptionsSchema
 
-    from serve_app import drain_signal
+    from serve_app import drain_signal, status
 
     # Checked here, after main() set Ray's environment: the check imports Ray's Serve schemas.
     config, problems = _checked_config(ns.config)
@@ -206,6 +207,9 @@ def _serve(ns: argparse.Namespace) -> int:
              **({} if joining else {"include_dashboard": ns.dashboard}))
     if joining:
         _say(f"serve-app: serving on the Ray cluster at {ray.get_runtime_context().gcs_address}")
+    elif not ns.dashboard:
+        _say("serve-app: Ray's dashboard is off (SERVE_APP_RAY_DASHBOARD=1 starts it); `make status` shows "
+             "Serve's replicas")
     # Before Serve starts: each Ingress replica looks for it when it starts.
     signal_actor = drain_signal.create()
     stop = threading.Event()
@@ -214,6 +218,8 @@ def _serve(ns: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
 
     app_names = _app_names(ns.config)
+    port = HTTPOptionsSchema(**(config.get("http_options") or {})).port
+    status.write_record(port, ray.get_runtime_context().gcs_address)  # for `make status`
     try:
         try:
             _deploy(config)
@@ -231,6 +237,7 @@ def _serve(ns: argparse.Namespace) -> int:
         _drain(signal_actor, app_names, ns.drain_timeout_s)
         serve.shutdown()
     finally:
+        status.remove_record(port)
         ray.shutdown()
     _say("serve-app: stopped")
     return 0

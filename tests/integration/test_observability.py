@@ -1,16 +1,18 @@
 """Observability of the running service: one JSON access-log line per request (with Serve's
-request id, also sent back as `x-request-id`), and the app's Prometheus metrics on Ray's
-metrics port moving after requests."""
+request id, also sent back as `x-request-id`), the app's Prometheus metrics on Ray's
+metrics port moving after requests, and `make status` (Serve's view, with no dashboard)."""
 
 from __future__ import annotations
 
 import json
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 from tests.ray_metrics import metrics_url
 from tests.support import NO_CACHE, metric_sum, scrape, wait_for
@@ -107,3 +109,18 @@ def test_metrics_move_after_requests(serve_url, serve_log):
     now = wait_for(moved, 60, "every serve_app metric to move and all 6 records counted", interval_s=1)
     assert records(now) - records(before) >= 6
     assert metric_sum(now, "serve_app_request_seconds_bucket", route="/translation", le="+Inf") >= 3
+
+
+def test_make_status_prints_serves_view_of_the_running_app(serve_url, serve_log):
+    """`make status` (serve_app/status.py) with no dashboard: the launcher's record leads it to its Ray
+    instance, and it prints what `serve status` would: the application RUNNING, its deployments healthy."""
+    port = serve_url.rsplit(":", 1)[1]
+    done = subprocess.run([sys.executable, "-m", "serve_app.status", "--port", port], capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr[-3000:]
+    app = yaml.safe_load(done.stdout)["applications"]["serve-app"]
+    assert app["status"] == "RUNNING", done.stdout
+    assert {"Ingress", "JobManager"} <= set(app["deployments"]), done.stdout
+    for deployment in app["deployments"].values():  # the Ingress autoscales: it may be scaling meanwhile
+        assert deployment["status"] in ("HEALTHY", "UPSCALING", "DOWNSCALING"), done.stdout
+        assert deployment["replica_states"].get("RUNNING", 0) >= 1, done.stdout

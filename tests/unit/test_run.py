@@ -263,13 +263,16 @@ def test_a_failed_deploy_shuts_serve_down_and_exits_1(monkeypatch, capsys):
     from ray import serve
 
     import serve_app.run as run
-    from serve_app import drain_signal
+    from serve_app import drain_signal, status
 
     calls = []
     monkeypatch.setattr(ray, "init", lambda *a, **kw: calls.append("ray.init"))
     monkeypatch.setattr(ray, "shutdown", lambda: calls.append("ray.shutdown"))
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: argparse.Namespace(gcs_address="127.0.0.1:6379"))
     monkeypatch.setattr(serve, "shutdown", lambda: calls.append("serve.shutdown"))
     monkeypatch.setattr(drain_signal, "create", lambda: calls.append("drain_signal"))
+    monkeypatch.setattr(status, "write_record", lambda port, address: calls.append(f"record {port} {address}"))
+    monkeypatch.setattr(status, "remove_record", lambda port: calls.append(f"record {port} removed"))
     monkeypatch.setattr(signal, "signal", lambda *a: None)  # the test process keeps its own handlers
 
     def refused(config):
@@ -279,6 +282,8 @@ def test_a_failed_deploy_shuts_serve_down_and_exits_1(monkeypatch, capsys):
     config = Path(__file__).resolve().parents[2] / "serve_config.placed.yaml"
     ns = argparse.Namespace(config=str(config), address="local", dashboard=False, drain_timeout_s=1.0)
     assert run._serve(ns) == 1
-    assert calls == ["ray.init", "drain_signal", "serve.shutdown", "ray.shutdown"]
+    # `make status`'s record of this Ray instance (serve_app/status.py) is removed even so
+    assert calls == ["ray.init", "drain_signal", "record 9527 127.0.0.1:6379", "serve.shutdown", "record 9527 removed",
+                     "ray.shutdown"]
     out = capsys.readouterr().out
     assert "could not deploy" in out and "controller refused" in out
