@@ -41,11 +41,12 @@ def write_record(port: int, gcs_address: str) -> Path:
     return path
 
 
-def remove_record(port: int) -> None:
-    """Remove this process's record for `port` (another launcher's, written since, stays)."""
+def remove_record(port: int, pid: Optional[int] = None) -> None:
+    """Remove the record for `port` of launcher `pid` (default: this process); another launcher's, written
+    since, stays. A launcher killed outright leaves its record: whoever killed it may remove it so."""
     path = record_path(port)
     try:
-        if json.loads(path.read_text()).get("pid") == os.getpid():
+        if json.loads(path.read_text()).get("pid") == (os.getpid() if pid is None else pid):
             path.unlink()
     except (OSError, ValueError, AttributeError):
         pass
@@ -65,14 +66,17 @@ def _is_launcher(pid: int) -> bool:
 
 
 def read_record(port: int) -> Optional[dict]:
-    """The record of the launcher serving on `port`, or None if there is none or its launcher is gone."""
+    """The record of the launcher serving on `port`, or None if there is none or its launcher is gone (a
+    launcher killed outright leaves its record: removed here)."""
     try:
         record = json.loads(record_path(port).read_text())
-        alive = _is_launcher(int(record["pid"]))
-        address = str(record["gcs_address"])
+        pid, address = int(record["pid"]), str(record["gcs_address"])
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
-    return {**record, "gcs_address": address} if alive else None
+    if not _is_launcher(pid):
+        remove_record(port, pid)
+        return None
+    return {**record, "gcs_address": address}
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 import httpx
@@ -132,3 +134,13 @@ def session_pids(leader: int) -> list[int]:
     the Ray processes a `serve run` or `ray start` left, each in a process group of its own."""
     out = subprocess.run(["ps", "-eo", "pid=,sid="], capture_output=True, text=True).stdout
     return [int(p) for p, s in (line.split() for line in out.splitlines()) if int(s) == leader and int(p) != leader]
+
+
+def make_status(port: int, env: Optional[dict] = None) -> tuple[int, str, dict]:
+    """`make status` of the `make run` launcher serving on `port` (python -m serve_app.status, which reads Serve
+    through Ray: the launcher starts no dashboard): (exit status, stderr, the YAML it printed, parsed)."""
+    import yaml
+
+    done = subprocess.run([sys.executable, "-m", "serve_app.status", "--port", str(port)], capture_output=True,
+                          text=True, timeout=120, env=env, cwd=Path(__file__).resolve().parents[1])
+    return done.returncode, done.stderr, (yaml.safe_load(done.stdout) or {}) if done.returncode == 0 else {}

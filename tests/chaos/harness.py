@@ -22,9 +22,10 @@ import yaml
 
 from serve_app.proxy import proxy_environment
 from serve_app.proxy_shedding import shedding_for_config
+from serve_app import status
 from serve_app.run import lean_serve_environment
 from tests.ray_metrics import metrics_url, session_folder
-from tests.support import deep_update, free_port, metric_sum, scrape, session_pids, wait_for  # noqa: F401 (re-exported to the chaos tests)
+from tests.support import deep_update, free_port, make_status, metric_sum, scrape, session_pids, wait_for  # noqa: F401 (re-exported to the chaos tests)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -116,6 +117,8 @@ class ServeRun:
         """Signal `serve run`'s process group; return seconds until it exited (None: not running)."""
         if self.proc is None or self.proc.poll() is not None:  # never started, or a test stopped it
             shutil.rmtree(self.proxy_dir, ignore_errors=True)
+            if self.proc is not None:
+                status.remove_record(self.port, self.proc.pid)
             return None
         start = time.monotonic()
         os.killpg(self.proc.pid, sig)
@@ -127,6 +130,7 @@ class ServeRun:
         took = time.monotonic() - start
         self._reap_session()
         shutil.rmtree(self.proxy_dir, ignore_errors=True)
+        status.remove_record(self.port, self.proc.pid)  # a `make run` launcher killed outright leaves its own
         return took
 
     def _reap_session(self) -> None:
@@ -219,9 +223,15 @@ TWO_INGRESS_REPLICAS = {"Ingress": {"autoscaling_config": {"min_replicas": 2, "m
 
 
 def wait_for_running_ingress(run: ServeRun, replicas: int, timeout_s: float = 120) -> None:
-    """Until Serve lists at least `replicas` RUNNING Ingress replicas of `run`."""
-    wait_for(lambda: len(running_replica_ids(run, "Ingress")) >= replicas, timeout_s,
-             f"{replicas} RUNNING Ingress replica(s)", 0.5)
+    """Until Serve lists at least `replicas` RUNNING Ingress replicas of `run`: through its dashboard, or through
+    `make status` for a run of the `make run` launcher (it starts no dashboard)."""
+    def running() -> int:
+        if "serve_app.run" not in run.command:
+            return len(running_replica_ids(run, "Ingress"))
+        deployments = make_status(run.port, run.env)[2].get("applications", {}).get("serve-app", {}).get("deployments")
+        return (deployments or {}).get("Ingress", {}).get("replica_states", {}).get("RUNNING", 0)
+
+    wait_for(lambda: running() >= replicas, timeout_s, f"{replicas} RUNNING Ingress replica(s)", 0.5)
 
 
 def deployment_replicas(run: ServeRun, deployment: str) -> tuple[str, list[str]]:

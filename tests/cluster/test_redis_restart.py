@@ -23,7 +23,7 @@ REDIS_AWAY_S = 30
 
 
 @pytest.mark.xfail(strict=False, reason=(
-    "open: in 1 of 7 runs (after the lost-pod test, the app scaled up; the head's leftover processes killed) 13 of "
+    "open: in 1 of 11 runs (after the lost-pod test, the app scaled up; the head's leftover processes killed) 13 of "
     "2,322 requests, /embeddings on one worker, timed out at the clients' 10 s while GCS was down; cause not found "
     "(an xfail keeps the logs: tests/cluster/conftest.py)"))
 def test_the_clusters_redis_lost_under_load_and_started_again(cluster, endpoints, figures):

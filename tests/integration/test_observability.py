@@ -7,15 +7,13 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 import pytest
-import yaml
 
 from tests.ray_metrics import metrics_url
-from tests.support import NO_CACHE, metric_sum, scrape, wait_for
+from tests.support import NO_CACHE, make_status, metric_sum, scrape, wait_for
 
 TRANSLATE = {"payload": {"fromLang": "en", "toLang": "pt", "records": [
     {"id": "a", "text": "Good morning."}, {"id": "b", "text": "See you tomorrow."}]}}
@@ -114,13 +112,11 @@ def test_metrics_move_after_requests(serve_url, serve_log):
 def test_make_status_prints_serves_view_of_the_running_app(serve_url, serve_log):
     """`make status` (serve_app/status.py) with no dashboard: the launcher's record leads it to its Ray
     instance, and it prints what `serve status` would: the application RUNNING, its deployments healthy."""
-    port = serve_url.rsplit(":", 1)[1]
-    done = subprocess.run([sys.executable, "-m", "serve_app.status", "--port", port], capture_output=True, text=True,
-                          timeout=120, cwd=Path(__file__).resolve().parents[2])
-    assert done.returncode == 0, done.stderr[-3000:]
-    app = yaml.safe_load(done.stdout)["applications"]["serve-app"]
-    assert app["status"] == "RUNNING", done.stdout
-    assert {"Ingress", "JobManager"} <= set(app["deployments"]), done.stdout
+    code, err, printed = make_status(int(serve_url.rsplit(":", 1)[1]))
+    assert code == 0, err[-3000:]
+    app = printed["applications"]["serve-app"]
+    assert app["status"] == "RUNNING", printed
+    assert {"Ingress", "JobManager"} <= set(app["deployments"]), printed
     for deployment in app["deployments"].values():  # the Ingress autoscales: it may be scaling meanwhile
-        assert deployment["status"] in ("HEALTHY", "UPSCALING", "DOWNSCALING"), done.stdout
-        assert deployment["replica_states"].get("RUNNING", 0) >= 1, done.stdout
+        assert deployment["status"] in ("HEALTHY", "UPSCALING", "DOWNSCALING"), printed
+        assert deployment["replica_states"].get("RUNNING", 0) >= 1, printed

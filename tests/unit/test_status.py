@@ -43,6 +43,7 @@ def test_a_record_whose_launcher_is_gone_is_no_launcher(records):
     path = status.record_path(9527)
     path.write_text(json.dumps({**json.loads(path.read_text()), "pid": int(gone.stdout)}))
     assert status.read_record(9527) is None
+    assert not path.exists()  # a killed launcher's record is removed once found stale
 
 
 def test_a_recycled_pid_is_not_a_launcher(tmp_path, monkeypatch):
@@ -69,6 +70,8 @@ def test_a_launcher_removes_its_own_record_only(records):
     status.remove_record(9527)
     assert status.record_path(9527).exists()
     status.remove_record(8000)  # none: nothing to do, no error
+    status.remove_record(9527, os.getpid() + 1)  # who killed that launcher removes its record
+    assert not status.record_path(9527).exists()
 
 
 def test_without_a_launcher_make_status_says_where_to_look_and_starts_no_ray(records, monkeypatch, capsys):
