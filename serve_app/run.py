@@ -219,7 +219,7 @@ def _serve(ns: argparse.Namespace) -> int:
 
     app_names = _app_names(ns.config)
     port = HTTPOptionsSchema(**(config.get("http_options") or {})).port
-    status.write_record(port, ray.get_runtime_context().gcs_address)  # for `make status`
+    _record_for_make_status(port, ray.get_runtime_context().gcs_address)
     try:
         try:
             _deploy(config)
@@ -241,6 +241,17 @@ def _serve(ns: argparse.Namespace) -> int:
         ray.shutdown()
     _say("serve-app: stopped")
     return 0
+
+
+def _record_for_make_status(port: int, gcs_address: str) -> None:
+    """`make status`'s record of this Ray instance (serve_app/status.py); serving goes on without one."""
+    from serve_app import status
+
+    try:
+        if status.write_record(port, gcs_address) is None:
+            _say(f"serve-app: another `make run` of this user's holds port {port}'s record: `make status` shows that one")
+    except OSError as exc:
+        _say(f"serve-app: `make status` will not find this run: its record could not be written ({exc})")
 
 
 def _checked_config(config_path: str) -> tuple[dict, list[str]]:

@@ -2,9 +2,9 @@
 
 `make run` starts Ray without its dashboard (serve_app/run.py), so `serve status`, which asks the
 dashboard's REST API, has nothing to ask. The launcher instead leaves a record of its Ray instance under
-the port it serves (`record_path`, removed when it stops); this connects to that instance as a driver and
-prints `serve.status()` as `serve status` prints it. A dashboard's view (a cluster, `serve run`, or
-`make run` with SERVE_APP_RAY_DASHBOARD=1): `make status RAY_DASHBOARD_ADDRESS=http://<host>:8265`.
+the port it serves (`record_path`, in a folder only its user may use; removed when it stops); this connects
+to that instance as a driver and prints `serve.status()` as `serve status` prints it. A dashboard's view (a
+cluster, `serve run`, or `make run` with SERVE_APP_RAY_DASHBOARD=1): `make status RAY_DASHBOARD_ADDRESS=...`.
 """
 
 from __future__ import annotations
@@ -12,8 +12,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import stat
 import sys
 import tempfile
+import threading
 from dataclasses import asdict
 from pathlib import Path
 from typing import Optional
@@ -23,20 +25,46 @@ LAUNCHER_MODULE = "serve_app.run"
 #: Ray's token authentication switch: `ray.init` sets it to "token" in the process that starts a local instance
 #: (Ray 2.60), and a driver connecting to that instance needs it too, with the user's token (~/.ray/auth_token).
 AUTH_MODE = "RAY_AUTH_MODE"
+#: The longest `make status` waits for Ray: a connection to a dead GCS retries ~20 s, and `serve.status()`
+#: waits on the Serve controller without a bound.
+STATUS_TIMEOUT_S = 60.0
+
+
+class RecordError(OSError):
+    """The records' folder is not this user's alone: no record is read from it or written to it."""
+
+
+def _uid() -> Optional[int]:
+    return os.getuid() if hasattr(os, "getuid") else None
+
+
+def records_dir() -> Path:
+    """This user's folder of launcher records (created 0700). Another user could otherwise plant a record
+    that sends `make status`, with this user's Ray token, to a Ray instance of theirs."""
+    folder = Path(tempfile.gettempdir()) / f"serve-app-{_uid() if _uid() is not None else 'user'}"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    info = folder.lstat()
+    if not stat.S_ISDIR(info.st_mode) or (_uid() is not None and (info.st_uid != _uid() or info.st_mode & 0o077)):
+        raise RecordError(f"{folder} is not a folder of this user's alone (mode {oct(info.st_mode & 0o777)})")
+    return folder
 
 
 def record_path(port: int) -> Path:
     """Where the launcher serving on `port` records its Ray instance."""
-    return Path(tempfile.gettempdir()) / f"serve-app-run-{int(port)}.json"
+    return records_dir() / f"run-{int(port)}.json"
 
 
-def write_record(port: int, gcs_address: str) -> Path:
+def write_record(port: int, gcs_address: str) -> Optional[Path]:
     """The launcher's record (atomic: a reader never sees half of it), after `ray.init`: with the token
-    authentication mode Ray chose for its instance (a new local instance: token), never the token."""
+    authentication mode Ray chose for its instance (a new local instance: token), never the token. None,
+    writing nothing, if another live launcher holds the port's record (it serves there, not this one)."""
+    if read_record(port) is not None:
+        return None
     path = record_path(port)
-    partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    partial.write_text(json.dumps({"gcs_address": gcs_address, "pid": os.getpid(), "port": int(port),
-                                   "auth_mode": os.environ.get(AUTH_MODE, "disabled")}))
+    fd, partial = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"gcs_address": gcs_address, "pid": os.getpid(), "port": int(port),
+                   "auth_mode": os.environ.get(AUTH_MODE, "disabled")}, f)
     os.replace(partial, path)
     return path
 
@@ -44,8 +72,8 @@ def write_record(port: int, gcs_address: str) -> Path:
 def remove_record(port: int, pid: Optional[int] = None) -> None:
     """Remove the record for `port` of launcher `pid` (default: this process); another launcher's, written
     since, stays. A launcher killed outright leaves its record: whoever killed it may remove it so."""
-    path = record_path(port)
     try:
+        path = record_path(port)
         if json.loads(path.read_text()).get("pid") == (os.getpid() if pid is None else pid):
             path.unlink()
     except (OSError, ValueError, AttributeError):
@@ -55,10 +83,8 @@ def remove_record(port: int, pid: Optional[int] = None) -> None:
 def _is_launcher(pid: int) -> bool:
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except OSError:  # gone, or another user's (PermissionError): not this user's launcher
         return False
-    except PermissionError:  # alive, another user's
-        pass
     try:
         return LAUNCHER_MODULE in Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:  # no /proc (not Linux): alive is all that can be told
@@ -79,6 +105,21 @@ def read_record(port: int) -> Optional[dict]:
     return {**record, "gcs_address": address}
 
 
+def _serve_status(record: dict) -> dict:
+    """`serve.status()` of the recorded Ray instance, as a dict ready for `serve status`'s YAML dumper."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault(AUTH_MODE, str(record.get("auth_mode") or "disabled"))
+    import ray
+    from ray import serve
+    from ray.serve.scripts import process_dict_for_yaml_dump
+
+    ray.init(address=record["gcs_address"], namespace="serve", logging_level="ERROR", log_to_driver=False)
+    try:
+        return process_dict_for_yaml_dump(asdict(serve.status()))
+    finally:
+        ray.shutdown()
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=int(os.environ.get("PORT") or 9527),
@@ -86,23 +127,34 @@ def main(argv: Optional[list[str]] = None) -> int:
     ns = parser.parse_args(argv)
     record = read_record(ns.port)
     if record is None:
-        print(f"serve-app: no `make run` is serving on port {ns.port} ({record_path(ns.port)} names no live "
-              "launcher). For a Ray dashboard's view (a cluster, `serve run`, or `make run` with "
-              "SERVE_APP_RAY_DASHBOARD=1): make status RAY_DASHBOARD_ADDRESS=http://<host>:8265", file=sys.stderr)
+        print(f"serve-app: no `make run` of this user's is serving on port {ns.port}. For a Ray dashboard's view "
+              "(a cluster, `serve run`, or `make run` with SERVE_APP_RAY_DASHBOARD=1): "
+              "make status RAY_DASHBOARD_ADDRESS=http://<host>:8265", file=sys.stderr)
         return 1
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault(AUTH_MODE, str(record.get("auth_mode") or "disabled"))
-    import ray
-    import yaml
-    from ray import serve
-    from ray.serve.scripts import ServeDeploySchemaDumper, process_dict_for_yaml_dump
+    answer: dict = {}
 
-    ray.init(address=record["gcs_address"], namespace="serve", logging_level="ERROR", log_to_driver=False)
-    try:
-        status = process_dict_for_yaml_dump(asdict(serve.status()))
-    finally:
-        ray.shutdown()
-    print(yaml.dump(status, Dumper=ServeDeploySchemaDumper, default_flow_style=False, sort_keys=False), end="")
+    def ask() -> None:
+        try:
+            answer["status"] = _serve_status(record)
+        except Exception as exc:  # noqa: BLE001 - said in one line below, not as Ray's traceback
+            answer["error"] = exc
+
+    asking = threading.Thread(target=ask, name="serve-status", daemon=True)
+    asking.start()
+    asking.join(STATUS_TIMEOUT_S)
+    if "status" not in answer:
+        why = answer.get("error") or f"no answer in {STATUS_TIMEOUT_S:g} s"
+        print(f"serve-app: could not read Serve's status from the Ray instance at {record['gcs_address']} "
+              f"(launcher pid {record['pid']}): {why}", file=sys.stderr)
+        if asking.is_alive():  # a Ray call still waits in the thread: leave without waiting for it
+            sys.stderr.flush()
+            os._exit(1)
+        return 1
+    import yaml
+    from ray.serve.scripts import ServeDeploySchemaDumper
+
+    print(yaml.dump(answer["status"], Dumper=ServeDeploySchemaDumper, default_flow_style=False, sort_keys=False),
+          end="")
     return 0
 
 

@@ -226,12 +226,14 @@ def wait_for_running_ingress(run: ServeRun, replicas: int, timeout_s: float = 12
     """Until Serve lists at least `replicas` RUNNING Ingress replicas of `run`: through its dashboard, or through
     `make status` for a run of the `make run` launcher (it starts no dashboard)."""
     def running() -> int:
-        if "serve_app.run" not in run.command:
+        if status.LAUNCHER_MODULE not in run.command:
             return len(running_replica_ids(run, "Ingress"))
         deployments = make_status(run.port, run.env)[2].get("applications", {}).get("serve-app", {}).get("deployments")
         return (deployments or {}).get("Ingress", {}).get("replica_states", {}).get("RUNNING", 0)
 
-    wait_for(lambda: running() >= replicas, timeout_s, f"{replicas} RUNNING Ingress replica(s)", 0.5)
+    # `make status` starts a Ray driver each time: seconds of CPU on 2 cores, while the replicas start
+    wait_for(lambda: running() >= replicas, timeout_s, f"{replicas} RUNNING Ingress replica(s)",
+             2.0 if status.LAUNCHER_MODULE in run.command else 0.5)
 
 
 def deployment_replicas(run: ServeRun, deployment: str) -> tuple[str, list[str]]:

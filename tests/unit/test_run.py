@@ -271,7 +271,8 @@ def test_a_failed_deploy_shuts_serve_down_and_exits_1(monkeypatch, capsys):
     monkeypatch.setattr(ray, "get_runtime_context", lambda: argparse.Namespace(gcs_address="127.0.0.1:6379"))
     monkeypatch.setattr(serve, "shutdown", lambda: calls.append("serve.shutdown"))
     monkeypatch.setattr(drain_signal, "create", lambda: calls.append("drain_signal"))
-    monkeypatch.setattr(status, "write_record", lambda port, address: calls.append(f"record {port} {address}"))
+    monkeypatch.setattr(status, "write_record",
+                        lambda port, address: calls.append(f"record {port} {address}") or Path("record.json"))
     monkeypatch.setattr(status, "remove_record", lambda port: calls.append(f"record {port} removed"))
     monkeypatch.setattr(signal, "signal", lambda *a: None)  # the test process keeps its own handlers
 

@@ -29,11 +29,25 @@ def records(tmp_path, monkeypatch):
 def test_a_live_launchers_record_is_read_back_under_its_port(records, monkeypatch):
     monkeypatch.setenv("RAY_AUTH_MODE", "token")  # what ray.init set in the launcher: the mode, never the token
     path = status.write_record(9527, "127.0.0.1:6379")
-    assert path.parent == records and path.name == "serve-app-run-9527.json"
+    assert path.parent.parent == records and path.name == "run-9527.json"
+    assert path.parent.stat().st_mode & 0o777 == 0o700  # this user's alone
     assert status.read_record(9527) == {"gcs_address": "127.0.0.1:6379", "pid": os.getpid(), "port": 9527,
                                         "auth_mode": "token"}
     assert status.read_record(8000) is None  # another port: another launcher, none here
-    assert [p.name for p in records.iterdir()] == [path.name]  # no partial file left
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no partial file left
+    # A second launcher on the same port (it will fail to bind) leaves the first one's record alone.
+    assert status.write_record(9527, "127.0.0.1:7000") is None
+    assert status.read_record(9527)["gcs_address"] == "127.0.0.1:6379"
+
+
+def test_a_records_folder_others_may_write_to_is_refused(records):
+    """Another user could plant a record there that leads `make status`, with this user's Ray token, to a Ray
+    instance of theirs: no record is read from or written to a folder that is not this user's alone."""
+    status.write_record(9527, "127.0.0.1:6379")
+    status.records_dir().chmod(0o777)
+    assert status.read_record(9527) is None
+    with pytest.raises(status.RecordError):
+        status.write_record(9527, "127.0.0.1:6379")
 
 
 def test_a_record_whose_launcher_is_gone_is_no_launcher(records):
@@ -74,6 +88,38 @@ def test_a_launcher_removes_its_own_record_only(records):
     assert not status.record_path(9527).exists()
 
 
+def test_make_status_asks_the_recorded_ray_with_its_auth_mode_and_prints_serve_status_yaml(records, monkeypatch,
+                                                                                          capsys):
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    status.write_record(9527, "127.0.0.1:6379")
+    monkeypatch.delenv("RAY_AUTH_MODE")  # `make status`'s own environment: the record names the mode
+    asked = []
+
+    def serve_status(record):
+        asked.append((record["gcs_address"], record["auth_mode"]))
+        return {"applications": {"serve-app": {"status": "RUNNING"}}}
+
+    monkeypatch.setattr(status, "_serve_status", serve_status)
+    assert status.main(["--port", "9527"]) == 0
+    assert asked == [("127.0.0.1:6379", "token")]
+    assert "serve-app:\n    status: RUNNING" in capsys.readouterr().out
+
+
+def test_make_status_says_in_one_line_why_ray_did_not_answer(records, monkeypatch, capsys):
+    import ray
+
+    status.write_record(9527, "127.0.0.1:6379")
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # restored after the test: _serve_status sets it otherwise
+
+    def refused(*args, **kwargs):
+        raise ConnectionError("GCS refused")
+
+    monkeypatch.setattr(ray, "init", refused)
+    assert status.main(["--port", "9527"]) == 1
+    err = capsys.readouterr().err
+    assert "could not read Serve's status from the Ray instance at 127.0.0.1:6379" in err and "GCS refused" in err
+
+
 def test_without_a_launcher_make_status_says_where_to_look_and_starts_no_ray(records, monkeypatch, capsys):
     import ray
 
@@ -83,4 +129,4 @@ def test_without_a_launcher_make_status_says_where_to_look_and_starts_no_ray(rec
     monkeypatch.setattr(ray, "init", no_ray)
     assert status.main(["--port", "9527"]) == 1
     err = capsys.readouterr().err
-    assert "no `make run` is serving on port 9527" in err and "RAY_DASHBOARD_ADDRESS" in err
+    assert "no `make run` of this user's is serving on port 9527" in err and "RAY_DASHBOARD_ADDRESS" in err
