@@ -121,7 +121,8 @@ def run_variant(name: str, env: dict, args, out: Path, knobs: dict | None = None
                             stdout=open(out / f"{name}.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{PORT}"
     try:
-        row = {"variant": name, "workload": args.workload, "records": args.records, "env": env, **({"knobs": knobs} if knobs else {}),
+        row = {"variant": name, "workload": args.workload, "records": args.records, "env": env,
+               **({"knobs": knobs} if knobs else {}),
                "ready_s": round(_ready(url, workload=args.workload), 1)}
         texts = load.write_texts(tuple(POOL), out / "texts.jsonl")
         target = load.Target(url, *ROUTES[args.workload], args.records, tuple(POOL))

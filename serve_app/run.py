@@ -31,6 +31,7 @@ from typing import Any, Union
 
 import yaml
 
+from serve_app import status
 from serve_app.proxy import (DEFAULT_HAPROXY_METRICS_PORT, DEFAULT_HAPROXY_STATS_PORT, PROXY_CHOICES,
                              ProxyChoiceError, proxy_environment)
 from serve_app.proxy_shedding import shedding_for_config
@@ -190,7 +191,7 @@ def _serve(ns: argparse.Namespace) -> int:
     from ray import serve
     from ray.serve.schema import HTTPOptionsSchema
 
-    from serve_app import drain_signal, status
+    from serve_app import drain_signal
 
     # Checked here, after main() set Ray's environment: the check imports Ray's Serve schemas.
     config, problems = _checked_config(ns.config)
@@ -245,11 +246,10 @@ def _serve(ns: argparse.Namespace) -> int:
 
 def _record_for_make_status(port: int, gcs_address: str) -> None:
     """`make status`'s record of this Ray instance (serve_app/status.py); serving goes on without one."""
-    from serve_app import status
-
     try:
         if status.write_record(port, gcs_address) is None:
-            _say(f"serve-app: another `make run` of this user's holds port {port}'s record: `make status` shows that one")
+            _say(f"serve-app: another `make run` of this user's holds port {port}'s record: "
+                 "`make status` shows that one")
     except OSError as exc:
         _say(f"serve-app: `make status` will not find this run: its record could not be written ({exc})")
 

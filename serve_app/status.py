@@ -41,10 +41,11 @@ def _uid() -> Optional[int]:
 def records_dir() -> Path:
     """This user's folder of launcher records (created 0700). Another user could otherwise plant a record
     that sends `make status`, with this user's Ray token, to a Ray instance of theirs."""
-    folder = Path(tempfile.gettempdir()) / f"serve-app-{_uid() if _uid() is not None else 'user'}"
+    uid = _uid()
+    folder = Path(tempfile.gettempdir()) / f"serve-app-{'user' if uid is None else uid}"
     folder.mkdir(mode=0o700, exist_ok=True)
     info = folder.lstat()
-    if not stat.S_ISDIR(info.st_mode) or (_uid() is not None and (info.st_uid != _uid() or info.st_mode & 0o077)):
+    if not stat.S_ISDIR(info.st_mode) or (uid is not None and (info.st_uid != uid or info.st_mode & 0o077)):
         raise RecordError(f"{folder} is not a folder of this user's alone (mode {oct(info.st_mode & 0o777)})")
     return folder
 
@@ -86,9 +87,10 @@ def _is_launcher(pid: int) -> bool:
     except OSError:  # gone, or another user's (PermissionError): not this user's launcher
         return False
     try:
-        return LAUNCHER_MODULE in Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:  # no /proc (not Linux): alive is all that can be told
         return not Path("/proc/self").exists()
+    return LAUNCHER_MODULE in command
 
 
 def read_record(port: int) -> Optional[dict]:

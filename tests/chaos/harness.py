@@ -20,9 +20,9 @@ from typing import Optional
 import httpx
 import yaml
 
+from serve_app import status
 from serve_app.proxy import proxy_environment
 from serve_app.proxy_shedding import shedding_for_config
-from serve_app import status
 from serve_app.run import lean_serve_environment
 from tests.ray_metrics import metrics_url, session_folder
 from tests.support import deep_update, free_port, make_status, metric_sum, scrape, session_pids, wait_for  # noqa: F401 (re-exported to the chaos tests)
@@ -225,15 +225,16 @@ TWO_INGRESS_REPLICAS = {"Ingress": {"autoscaling_config": {"min_replicas": 2, "m
 def wait_for_running_ingress(run: ServeRun, replicas: int, timeout_s: float = 120) -> None:
     """Until Serve lists at least `replicas` RUNNING Ingress replicas of `run`: through its dashboard, or through
     `make status` for a run of the `make run` launcher (it starts no dashboard)."""
+    launcher = status.LAUNCHER_MODULE in run.command
+
     def running() -> int:
-        if status.LAUNCHER_MODULE not in run.command:
+        if not launcher:
             return len(running_replica_ids(run, "Ingress"))
         deployments = make_status(run.port, run.env)[2].get("applications", {}).get("serve-app", {}).get("deployments")
         return (deployments or {}).get("Ingress", {}).get("replica_states", {}).get("RUNNING", 0)
 
     # `make status` starts a Ray driver each time: seconds of CPU on 2 cores, while the replicas start
-    wait_for(lambda: running() >= replicas, timeout_s, f"{replicas} RUNNING Ingress replica(s)",
-             2.0 if status.LAUNCHER_MODULE in run.command else 0.5)
+    wait_for(lambda: running() >= replicas, timeout_s, f"{replicas} RUNNING Ingress replica(s)", 2.0 if launcher else 0.5)
 
 
 def deployment_replicas(run: ServeRun, deployment: str) -> tuple[str, list[str]]:
