@@ -49,7 +49,7 @@ install-test: $(VENV)/.installed-test
 ## `serve run serve_config.placed.yaml` works too, but stops without draining.
 run: install
 	@# The jobs' SQLite store (jobs.store_path): jobs survive a restart of `make run` (docs/jobs.md).
-	mkdir -p .data
+	mkdir -p -m 700 .data
 ifeq ($(PORT),9527)
 	@# The launcher checks the config itself (serve_app.config_check) before it starts Ray.
 	$(BIN)/python -m serve_app.run $(CONFIG)

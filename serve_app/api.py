@@ -130,7 +130,8 @@ def create_app() -> FastAPI:
 
     # Starlette runs the last added middleware first. Outermost to innermost: observe (log and
     # count every answer), CORS (preflights), API key, shed load, then bound the body before parsing.
-    app.add_middleware(BodySizeLimit, get_limit=lambda: current_limits().max_body_bytes)
+    app.add_middleware(BodySizeLimit, get_limit=lambda: current_limits().max_body_bytes,
+                       get_timeout_s=lambda: current_limits().body_timeout_s)
     # Admission shares the in-flight slots fairly between API keys (serve_app/admission.py).
     app.add_middleware(AdmissionControl, limit=lambda: current_limits().max_inflight_requests,
                        retry_after_s=lambda: current_limits().retry_after_s, key_of=middleware.api_key_id_of,

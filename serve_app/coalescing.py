@@ -11,7 +11,10 @@ This is group commit: the busier the model, the more records ride in each call.
 The callers' view is unchanged: `submit(key, records)` returns the result for exactly these
 records, as a direct call with them would. A caller that gives up (deadline, client gone)
 before its call went out is dropped from it; a call already sent is cancelled only when every
-caller in it has gone. An error reaches every caller of the call.
+caller in it has gone. An error that one caller's records may have caused (the model raised on them,
+or refused them) is not handed to the others: each caller's records go again in a call of their own, so
+a bad input fails only its own request, whoever it shared a call with. The service's own errors (503
+unavailable or overloaded, 504 deadline) reach every caller of the call.
 """
 
 from __future__ import annotations
@@ -21,6 +24,13 @@ import contextvars
 import functools
 from collections import deque
 from typing import Any, Awaitable, Callable, Hashable, Optional, Sequence
+
+from .errors import ServeAppError
+
+
+def _one_caller_s(exc: BaseException) -> bool:
+    """An error that one caller's records may have caused: not the service's state, which all share."""
+    return isinstance(exc, ServeAppError) and exc.status_code not in (503, 504)
 
 
 class _Waiter:
@@ -123,13 +133,27 @@ class CallCoalescer:
                     waiter.future.cancel()
             raise
         except Exception as exc:
-            for waiter in call.waiters:
+            live = [waiter for waiter in call.waiters if not waiter.future.done()]
+            if len(live) > 1 and _one_caller_s(exc):
+                await asyncio.gather(*(self._alone(call.key, waiter) for waiter in live))
+            for waiter in live:
                 if not waiter.future.done():
                     waiter.future.set_exception(exc)
         else:
             for waiter in call.waiters:
                 if not waiter.future.done():
                     waiter.future.set_result(self._slice(result, waiter.start, waiter.stop))
+
+    async def _alone(self, key: Hashable, waiter: _Waiter) -> None:
+        """`waiter`'s records in a call of their own (after the call it shared failed)."""
+        try:
+            result = await self._send(key, list(waiter.records))
+        except Exception as exc:
+            if not waiter.future.done():
+                waiter.future.set_exception(exc)
+        else:
+            if not waiter.future.done():
+                waiter.future.set_result(self._slice(result, 0, len(waiter.records)))
 
     def _call_done(self, call: _Call, task: asyncio.Task) -> None:
         self.inflight -= 1

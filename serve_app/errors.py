@@ -64,6 +64,13 @@ class InvalidRequest(ServeAppError):
     error_type = "invalid_request"
 
 
+class BodyTimeout(ServeAppError):
+    """The request's body did not arrive within ingress.body_timeout_s."""
+
+    status_code = 408
+    error_type = "body_timeout"
+
+
 class UnsupportedLanguagePair(ServeAppError):
     status_code = 400
     error_type = "unsupported_language_pair"

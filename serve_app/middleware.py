@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from .admission import DRAIN, AdmissionControl, DrainState  # noqa: F401  (re-exported: one DRAIN per process)
 from .auth import REQUEST_KEY_ID, KeySet
-from .errors import ERROR_TYPE_SCOPE_KEY, Forbidden, PayloadTooLarge, Unauthorized, unexpected_error
+from .errors import ERROR_TYPE_SCOPE_KEY, BodyTimeout, Forbidden, PayloadTooLarge, Unauthorized, unexpected_error
 from .observability import route_path
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -17,15 +17,18 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 class BodySizeLimit:
-    """Buffers at most `max_body_bytes` of a request body; beyond that answers 413.
+    """Buffers at most `max_body_bytes` of a request body, for at most `body_timeout_s`; beyond that
+    answers 413, or 408 `body_timeout`.
 
-    Checks Content-Length up front and counts chunked bodies as they arrive, so
-    a huge body costs at most the limit in memory.
+    Checks Content-Length up front and counts chunked bodies as they arrive, so a huge body costs at
+    most the limit in memory. Admission has given the request its slot by now (the cheap refusal
+    comes first), so a body that stalls would otherwise hold that slot without a bound.
     """
 
-    def __init__(self, app, get_limit: Callable[[], int]):
+    def __init__(self, app, get_limit: Callable[[], int], get_timeout_s: Callable[[], float]):
         self.app = app
         self.get_limit = get_limit
+        self.get_timeout_s = get_timeout_s
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
@@ -39,18 +42,18 @@ class BodySizeLimit:
                     declared = 0
                 if declared > limit:
                     return await self._reject(scope, receive, send, limit)
-        chunks, size, more = [], 0, True
-        while more:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            body = message.get("body", b"")
-            size += len(body)
-            if size > limit:
-                return await self._reject(scope, receive, send, limit)
-            chunks.append(body)
-            more = message.get("more_body", False)
-        payload = b"".join(chunks)
+        timeout_s = self.get_timeout_s()
+        try:
+            async with asyncio.timeout(timeout_s):
+                payload = await self._read(receive, limit)
+        except TimeoutError:
+            error = BodyTimeout(f"The request's body did not arrive within {timeout_s:g} s.")
+            return await error.to_response(scope)(scope, receive, send)
+        if payload is None:  # the client went away mid-body: nobody to answer
+            scope[ERROR_TYPE_SCOPE_KEY] = "client_disconnected"
+            return
+        if len(payload) > limit:
+            return await self._reject(scope, receive, send, limit)
         sent = False
 
         async def replay():
@@ -61,6 +64,22 @@ class BodySizeLimit:
             return await receive()
 
         await self.app(scope, replay, send)
+
+    @staticmethod
+    async def _read(receive, limit: int) -> Optional[bytes]:
+        """The body; None if the client disconnected. Stops reading once past `limit` bytes (413 follows)."""
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            body = message.get("body", b"")
+            size += len(body)
+            chunks.append(body)
+            if size > limit:
+                break
+            more = message.get("more_body", False)
+        return b"".join(chunks)
 
     async def _reject(self, scope, receive, send, limit):
         response = PayloadTooLarge(f"Request body is larger than the limit of {limit} bytes.").to_response(scope)
@@ -171,9 +190,10 @@ class LazyCORS:
             from starlette.middleware.cors import CORSMiddleware
 
             self._built[origins] = CORSMiddleware(
-                self.app, allow_origins=list(origins), allow_methods=["GET", "POST"],
-                allow_headers=["Authorization", "Cache-Control", "Content-Type", "X-API-Key", "X-Request-Timeout-Ms"],
-                expose_headers=["X-Batch-Records", "X-Cache", "X-Request-ID", "Retry-After"], max_age=600,
+                self.app, allow_origins=list(origins), allow_methods=["GET", "POST", "DELETE"],
+                allow_headers=["Authorization", "Cache-Control", "Content-Type", "Idempotency-Key", "X-API-Key",
+                               "X-Request-Timeout-Ms"],
+                expose_headers=["X-Batch-Records", "X-Cache", "X-Request-ID", "Retry-After", "Location"], max_age=600,
             )
         await self._built[origins](scope, receive, send)
 
@@ -222,6 +242,8 @@ class RequestObserver:
             if not status["started"]:  # else the client sees its response cut short
                 await response(scope, receive, send_observed)
         finally:
+            if not status["started"] and scope.get(ERROR_TYPE_SCOPE_KEY) == "client_disconnected":
+                status["code"] = 499  # (also when the body stopped mid-way: BodySizeLimit answers nobody)
             self.recorder.record(
                 scope, request_id=request_id, status=status["code"],
                 seconds=time.perf_counter() - start, log=self.enabled(),

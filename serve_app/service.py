@@ -203,11 +203,6 @@ class Service:
     async def embed(self, request: EmbeddingsRequest, timeout_s: Optional[float] = None, *,
                     read_cache: bool = True, write_cache: bool = True) -> tuple[EmbeddingsResponse, Computed]:
         texts, name = self.validate_embeddings(request)
-        if request.dimensions is not None:
-            served = (await self._with_deadline(self.model_info(self.embedder), timeout_s))["dimensions"]
-            if request.dimensions != served:
-                raise UnsupportedModel(f"{name!r} gives {served} dimensions, not {request.dimensions}; "
-                                       "omit 'dimensions' or send that number.")
 
         async def compute(todo: list[str]) -> tuple[list[tuple[np.ndarray, int]], int]:
             calls = [
@@ -218,9 +213,14 @@ class Service:
             per_text = [(vector, count) for vectors, counts, _ in results for vector, count in zip(vectors, counts)]
             return per_text, max(b for _, _, b in results)
 
-        embedded, computed = await self._with_deadline(self._through_cache(
-            "embeddings", texts, lambda text: ("embeddings", name, text), compute, read_cache, write_cache),
-            timeout_s)
+        async with self._deadline(timeout_s):  # one deadline over the model-info lookup and the vectors
+            if request.dimensions is not None:
+                served = (await self.model_info(self.embedder))["dimensions"]
+                if request.dimensions != served:
+                    raise UnsupportedModel(f"{name!r} gives {served} dimensions, not {request.dimensions}; "
+                                           "omit 'dimensions' or send that number.")
+            embedded, computed = await self._through_cache(
+                "embeddings", texts, lambda text: ("embeddings", name, text), compute, read_cache, write_cache)
         tokens = sum(count for _, count in embedded)
         data = [
             Embedding(index=i, embedding=_encode(vector, request.encoding_format))

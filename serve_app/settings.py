@@ -63,6 +63,9 @@ class IngressSettings(Section):
         4 * 1024 * 1024, ge=1024,
         description="Largest request body accepted, in bytes; larger is 413 before it is parsed.",
     )
+    body_timeout_s: float = Field(
+        30.0, gt=0, description="Longest an admitted request's body may take to arrive; then 408 `body_timeout`.",
+    )
     records_per_call: int = Field(
         8, ge=1,
         description="Records sent to a model replica in one call. Smaller cuts a long request into "

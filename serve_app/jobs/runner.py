@@ -3,10 +3,10 @@ in chunks (each stored as it completes) and reads them back, whole or a page at 
 
 The JobManager deployment (serve_app/jobs/manager.py) wraps one `JobRunner`; unit tests drive it
 with fake model clients and a real SQLite store. Only the holder of the store's lease computes
-jobs: on start (and whenever it takes the lease over) it resumes every queued or running job after
-its last stored chunk, so a restart recomputes at most the chunks that were in flight. Each
-maintenance tick also runs any unfinished job it has no task for: one whose submit was cancelled
-after its create was written, one whose store calls failed past retry.STORE_RETRY_S.
+jobs: on start (and whenever it takes the lease over) it resumes every queued or running job after its last
+stored chunk, so a restart recomputes at most the chunks that were in flight. Each maintenance tick also runs
+any unfinished job it has no task for: one whose submit was cancelled after its create was written, one whose
+store calls failed past retry.STORE_RETRY_S.
 """
 
 from __future__ import annotations
@@ -26,12 +26,10 @@ from ..service import Service
 from ..settings import AppSettings
 from .job import (
     ANONYMOUS, IdempotencyKeyReused, JobFinished, JobNotFound, JobRecord, JobTooLarge, StoreLimits, UnsupportedTask,
-    body_hash, job_settings, store_call, submission_key,
-)
+    body_hash, job_settings, store_call, submission_key)
 from .results import (
     DEFAULT_EMBEDDING_DIM, encode_chunk_of, estimate_bytes, json_bytes_per_record, page_bounds, page_of,
-    parse_submission, piece, records_of, render,
-)
+    parse_submission, piece, records_of, render)
 from . import retry
 from .store import JobStore, open_store
 
@@ -276,22 +274,24 @@ class JobRunner:
         metas = await store_call(self.store.chunk_metas(job_id))
         indexes = list(range(start // per, (stop - 1) // per + 1)) if stop > start else []
         chunks = await store_call(self.store.chunks(job_id, indexes))
+        if len(chunks) < len(indexes):  # expired and purged since its record was read
+            raise JobNotFound(f"No job {job_id!r}: it never existed or its result expired.")
         tokens = sum(meta.get("tokens", 0) for _, meta in metas.values())
         result = render(record.task, [(i * per, chunks[i]) for i in indexes], start, stop, tokens)
         return record.view(result, None if whole else page_of(job_id, start, stop, limit, total))
 
     async def cancel(self, job_id: str, owner: str = ANONYMOUS) -> dict:
         """Cancel a queued or running job: its calls still waiting are never computed."""
-        record = await self._owned(job_id, owner)
-        if record.finished:
+        record, now = await self._owned(job_id, owner), self._clock()
+        if record.finished or not await store_call(
+                self.store.finish(job_id, "cancelled", now, now + self.settings.jobs.result_ttl_s)):
+            record = record if record.finished else await self._owned(job_id, owner)  # it ended in between
             raise JobFinished(f"Job {job_id!r} already {record.status}; there is nothing to cancel.")
-        now = self._clock()
-        if await store_call(self.store.finish(job_id, "cancelled", now, now + self.settings.jobs.result_ttl_s)):
-            task = self._tasks.get(job_id)
-            if task is not None:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-            logger.info("job %s cancelled", job_id)
+        task = self._tasks.get(job_id)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        logger.info("job %s cancelled", job_id)
         return (await self._owned(job_id, owner)).view()
 
     async def stats(self) -> dict[str, int]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from deployments.settings import Section
@@ -106,6 +106,14 @@ class JobSettings(Section):
         description="Largest result (as JSON, estimated) that `GET /jobs/<id>` answers in one piece; a larger "
         "one comes in pages of about this size (`?offset=&limit=` on records, with a `page.next` link).",
     )
+
+    @model_validator(mode="after")
+    def _a_job_fits_the_store(self) -> "JobsSettings":
+        if self.max_job_result_bytes > self.max_total_result_bytes:
+            raise ValueError(
+                f"jobs.max_job_result_bytes ({self.max_job_result_bytes}) is above jobs.max_total_result_bytes "
+                f"({self.max_total_result_bytes}): a job that large would be answered 503 job_store_full forever")
+        return self
 
     @field_validator("redis_url")
     @classmethod

@@ -5,7 +5,7 @@ import asyncio
 import pytest
 
 from serve_app.coalescing import CallCoalescer
-from serve_app.errors import ModelUnavailable
+from serve_app.errors import InternalError, ModelUnavailable
 from serve_app.schemas import TranslationPayload
 from tests.unit.fakes import FakeTranslator, install
 
@@ -141,7 +141,10 @@ def test_a_call_whose_callers_all_left_before_it_started_frees_its_slot(loop):
     assert result == (["k:b"], 1) and calls.inflight == 0
 
 
-def test_an_error_reaches_every_caller_of_the_call(loop):
+def _share_a_failing_call(loop, fails, shared_records):
+    """One call in flight ("a"); `shared_records` (one list per caller) wait and go out together once it
+    returns. `fails(sent, records)` is the error a call raises, or None. (first's result, the shared
+    callers' results or errors, every call's records, the coalescer)"""
     async def scenario():
         gate = asyncio.Event()
         sent = []
@@ -149,21 +152,38 @@ def test_an_error_reaches_every_caller_of_the_call(loop):
         async def send(key, records):
             sent.append(list(records))
             await gate.wait()
-            if len(sent) > 1:
-                raise ModelUnavailable("replica died", retry_after_s=2)
+            if (error := fails(sent, records)) is not None:
+                raise error
             return list(records), len(records)
 
         calls = CallCoalescer(send, lambda r, a, b: (r[0][a:b], r[1]), max_records=8, max_inflight_calls=1)
         first = asyncio.ensure_future(calls.submit(None, ["a"]))
         await until(lambda: len(sent) == 1)
-        shared = [asyncio.ensure_future(calls.submit(None, [r])) for r in "bc"]
-        await until(lambda: len(calls._pending) == 1 and calls._pending[0].records == 2)
+        shared = [asyncio.ensure_future(calls.submit(None, records)) for records in shared_records]
+        total = sum(len(records) for records in shared_records)
+        await until(lambda: len(calls._pending) == 1 and calls._pending[0].records == total)
         gate.set()
-        return await first, await asyncio.gather(*shared, return_exceptions=True)
+        return await first, await asyncio.gather(*shared, return_exceptions=True), sent, calls
 
-    first, shared = loop.run_until_complete(scenario())
+    return loop.run_until_complete(scenario())
+
+
+def test_the_service_s_error_reaches_every_caller_of_the_call(loop):
+    first, shared, sent, _ = _share_a_failing_call(
+        loop, lambda sent, records: ModelUnavailable("replica died", retry_after_s=2) if len(sent) > 1 else None,
+        [["b"], ["c"]])
     assert first == (["a"], 1)
-    assert [type(e) for e in shared] == [ModelUnavailable, ModelUnavailable]
+    assert [type(e) for e in shared] == [ModelUnavailable, ModelUnavailable] and len(sent) == 2  # not sent again
+
+
+def test_one_caller_s_bad_input_fails_its_own_request_only(loop):
+    """The model raised on a call that carried three requests' records: each goes again alone."""
+    first, shared, sent, calls = _share_a_failing_call(
+        loop, lambda sent, records: InternalError("Translator failed; logged.") if "bad" in records else None,
+        [["b", "c"], ["bad"], ["d"]])
+    assert first == (["a"], 1)
+    assert shared[0] == (["b", "c"], 2) and isinstance(shared[1], InternalError) and shared[2] == (["d"], 1)
+    assert sent == [["a"], ["b", "c", "bad", "d"], ["b", "c"], ["bad"], ["d"]] and calls.inflight == 0
 
 
 def test_limits_are_checked_at_construction_and_submit(loop):

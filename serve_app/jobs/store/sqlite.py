@@ -13,8 +13,10 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import json
+import logging
 import os
 import sqlite3
+import stat
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -22,6 +24,8 @@ from typing import Any, Callable, Optional
 
 from ..job import FINISHED, STATES, JobRecord, StoreLimits
 from . import Chunk, JobStore, Lease
+
+logger = logging.getLogger("ray.serve")
 
 #: the project's root (this file is serve_app/jobs/store/sqlite.py in it): where `make run` runs and
 #: creates `.data/`; a relative `jobs.store_path` is under it when this module runs from a checkout
@@ -85,10 +89,24 @@ class FileLease(Lease):
             self._fd = None
 
 
+def _private(path: Path) -> None:
+    """The store's file (created if missing) readable by its user alone: it holds every API key's payloads and
+    results. SQLite gives the -wal and -shm files it creates the database file's mode; older ones are tightened."""
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+    for file in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        try:
+            if stat.S_IMODE(file.stat().st_mode) & 0o077:
+                file.chmod(0o600)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:  # not this user's file: say so, and serve on
+            logger.warning("job store file %s stays readable by others: %s", file, exc)
+
+
 class SqliteJobStore(JobStore):
     def __init__(self, path: Path, *, clock: Callable[[], float] = time.time):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._clock = clock
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="job-store")
         self._db: Optional[sqlite3.Connection] = None
@@ -103,6 +121,7 @@ class SqliteJobStore(JobStore):
 
     def _connect(self) -> sqlite3.Connection:
         if self._db is None:
+            _private(self.path)
             db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")

@@ -1,0 +1,95 @@
+"""Edges of the jobs found by a read-only review (2026-11-30): the SQLite store is its user's alone, a cancel
+that loses the race to the job's own end is 409, a page read as its job expires is 404, and limits that no
+job could ever fit are refused when the settings load, not met with a 503 forever."""
+
+from __future__ import annotations
+
+import asyncio
+import stat
+
+import pytest
+
+from serve_app.jobs.job import JobFinished, JobNotFound
+from serve_app.jobs.store.sqlite import SqliteJobStore
+from serve_app.settings import load_settings
+
+from .test_jobs import _finished, _runner, _translation
+
+
+def _mode(path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_the_sqlite_store_and_the_folder_it_creates_are_the_user_s_alone(tmp_path):
+    async def scenario():
+        runner, _, _ = await _runner(tmp_path / "data")
+        view = await runner.submit("translation", _translation(3))
+        await _finished(runner, view["job_id"])
+        await runner.stop()
+
+    (tmp_path / "data").mkdir()
+    asyncio.run(scenario())
+    files = [p for p in (tmp_path / "data").iterdir() if p.name.startswith("jobs.sqlite3")]
+    assert {p.name for p in files} >= {"jobs.sqlite3", "jobs.sqlite3.lock"}
+    assert {p.name: _mode(p) for p in files} == {p.name: 0o600 for p in files}
+    store = SqliteJobStore(tmp_path / "fresh" / "jobs.sqlite3")
+    assert _mode(store.path.parent) == 0o700
+
+
+def test_an_existing_store_file_others_could_read_is_made_the_user_s_alone(tmp_path):
+    path = tmp_path / "jobs.sqlite3"
+    path.write_bytes(b"")
+    path.chmod(0o644)
+
+    async def scenario():
+        store = SqliteJobStore(path)
+        await store.counts()
+        await store.close()
+
+    asyncio.run(scenario())
+    assert _mode(path) == 0o600
+
+
+def test_a_cancel_that_loses_the_race_to_the_job_s_end_is_409(tmp_path):
+    async def scenario():
+        runner, _, _ = await _runner(tmp_path, start=False)
+        view = await runner.submit("translation", _translation(3))
+        finish = runner.store.finish
+
+        async def ended_first(job_id, status, now, expires_at, error=None):
+            await finish(job_id, "succeeded", now, expires_at)  # the job's last chunk landed in between
+            return await finish(job_id, status, now, expires_at, error)
+
+        runner.store.finish = ended_first
+        try:
+            with pytest.raises(JobFinished, match="succeeded"):
+                await runner.cancel(view["job_id"])
+        finally:
+            await runner.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_page_read_as_its_job_expires_is_404_not_500(tmp_path):
+    async def scenario():
+        runner, _, _ = await _runner(tmp_path)
+        view = await runner.submit("translation", _translation(20))
+        await _finished(runner, view["job_id"])
+
+        async def purged(job_id, indexes):  # the purge deleted the chunks after the record was read
+            return {}
+
+        runner.store.chunks = purged
+        try:
+            with pytest.raises(JobNotFound):
+                await runner.get(view["job_id"])
+        finally:
+            await runner.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_job_limit_above_the_store_s_total_is_refused_quoting_both():
+    with pytest.raises(ValueError, match="16777216.*33554432|33554432.*16777216"):
+        load_settings({"jobs": {"max_total_result_bytes": 16 * 1024 * 1024}})
+    assert load_settings({"jobs": {"max_total_result_bytes": 32 * 1024 * 1024}}).jobs.max_total_result_bytes
