@@ -198,6 +198,7 @@ class StoreLimits:
     max_jobs: int
     max_total_result_bytes: int
     retry_after_s: int
+    max_job_result_bytes: int = 1 << 62
 
     @classmethod
     def of(cls, settings: AppSettings) -> "StoreLimits":
@@ -205,7 +206,17 @@ class StoreLimits:
         return cls(max_unfinished_jobs=jobs.max_unfinished_jobs,
                    max_jobs=jobs.max_unfinished_jobs + jobs.max_finished_jobs,
                    max_total_result_bytes=jobs.max_total_result_bytes,
-                   retry_after_s=settings.ingress.retry_after_s)
+                   retry_after_s=settings.ingress.retry_after_s, max_job_result_bytes=jobs.max_job_result_bytes)
+
+    def outgrown(self, reason: str) -> ServeAppError:
+        """The error a running job fails with when a chunk of its result would pass a bound (`reason`
+        as the stores return it: "job" or "bytes"); the submission's estimate was short."""
+        if reason == "job":
+            return JobTooLarge(f"The job's result passed jobs.max_job_result_bytes ({self.max_job_result_bytes} "
+                               "bytes), more than estimated at submission: split it into smaller jobs.")
+        return JobStoreFull(f"The job's result outgrew its estimate and the job store had no room for the rest "
+                            f"(jobs.max_total_result_bytes, {self.max_total_result_bytes} bytes).",
+                            retry_after_s=self.retry_after_s)
 
     def refusal(self, reason: str) -> Overloaded:
         """The 503 for a create the store refused (`reason` as the stores return it)."""

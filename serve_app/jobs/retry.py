@@ -22,6 +22,11 @@ def transient(exc: BaseException) -> bool:
     return isinstance(exc, ServeAppError) and exc.status_code == 503 and exc.retry_after_s is not None
 
 
+def _outage(exc: BaseException) -> bool:
+    """A store call's error to wait out: any but a cancellation and the store's own answer (a ServeAppError)."""
+    return isinstance(exc, Exception) and not isinstance(exc, ServeAppError)
+
+
 class StoreUnreachable(Exception):
     """A running job's store call still failed after STORE_RETRY_S: the job is left as stored
     (queued or running), for the runner's maintenance sweep to run again; never the job's failure."""
@@ -29,10 +34,14 @@ class StoreUnreachable(Exception):
 
 async def store_write(call: Callable[[], Awaitable[T]]) -> T:
     """A store call (read or write) of a running job: retried on any error while the store restarts
-    (up to STORE_RETRY_S), then raised as `StoreUnreachable`."""
+    (up to STORE_RETRY_S), then raised as `StoreUnreachable`; except the store's answer that the job
+    passed a bound (a ServeAppError: the job's own failure), raised at once."""
     try:
-        return await _retrying(call, tenacity.retry_if_exception_type(Exception), STORE_RETRY_S,
-                               tenacity.wait_exponential(multiplier=0.25, max=5.0), "job store call failed")
+        return await _retrying(call, tenacity.retry_if_exception(_outage),
+                               STORE_RETRY_S, tenacity.wait_exponential(multiplier=0.25, max=5.0),
+                               "job store call failed")
+    except ServeAppError:
+        raise
     except Exception as exc:
         raise StoreUnreachable(_name(exc)) from exc
 

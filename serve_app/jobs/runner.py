@@ -61,9 +61,7 @@ class JobRunner:
                                 models={n: c for n, c in bg.items() if n in models})
         self.holding = False
         self._maintenance: Optional[asyncio.Task] = None
-        #: this process's chunk counts: computed and found already stored when a job (re)started
-        self.chunks_computed = 0
-        self.chunks_resumed = 0
+        self.chunks_computed = self.chunks_resumed = 0  #: this process's chunks: computed; found stored at a (re)start
 
     # -- life cycle --------------------------------------------------------------------------
     async def start(self) -> None:
@@ -234,7 +232,8 @@ class JobRunner:
             part = piece(record.task, body, start, stop)
             response = await retry.model_call(lambda: self._call(record.task, part), self.settings.jobs.model_retry_s)
             meta, data = encode_chunk_of(record.task, body, response)
-            if not await retry.store_write(lambda: self.store.put_chunk(record.id, index, stop - start, meta, data)):
+            put = (record.id, index, stop - start, meta, data, self.limits)
+            if not await retry.store_write(lambda: self.store.put_chunk(*put)):
                 logger.info("job %s finished meanwhile: chunk %d not kept, nothing more computed", record.id, index)
                 return False
             self.chunks_computed += 1

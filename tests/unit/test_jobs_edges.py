@@ -13,6 +13,7 @@ from serve_app.jobs.job import JobFinished, JobNotFound
 from serve_app.jobs.store.sqlite import SqliteJobStore
 from serve_app.settings import load_settings
 
+from .fakes import FakeTranslator
 from .test_jobs import _finished, _runner, _translation
 
 
@@ -93,3 +94,24 @@ def test_a_job_limit_above_the_store_s_total_is_refused_quoting_both():
     with pytest.raises(ValueError, match="16777216.*33554432|33554432.*16777216"):
         load_settings({"jobs": {"max_total_result_bytes": 16 * 1024 * 1024}})
     assert load_settings({"jobs": {"max_total_result_bytes": 32 * 1024 * 1024}}).jobs.max_total_result_bytes
+
+
+def test_a_job_whose_result_outgrows_its_bound_fails_job_too_large_at_once(tmp_path):
+    """The estimate at submission was short (outputs far longer than the texts): the store refuses the chunk
+    that passes jobs.max_job_result_bytes and the job fails, instead of retrying that refusal as an outage."""
+    class Verbose(FakeTranslator):
+        async def call(self, method, *args, **kwargs):
+            result = await super().call(method, *args, **kwargs)
+            return ([text + "!" * 200 for text in result[0]], result[1]) if method == "translate" else result
+
+    async def scenario():
+        runner, _, _ = await _runner(tmp_path, Verbose(), max_job_result_bytes=1024)
+        view = await runner.submit("translation", _translation(10))
+        async with asyncio.timeout(20):
+            done = await _finished(runner, view["job_id"])
+        await runner.stop()
+        return done
+
+    done = asyncio.run(scenario())
+    assert done["status"] == "failed" and done["error"]["error_type"] == "job_too_large", done
+    assert "1024" in done["error"]["error"]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from serve_app.errors import Overloaded
-from serve_app.jobs.job import JobRecord, JobStoreFull, StoreLimits
+from serve_app.jobs.job import JobRecord, JobStoreFull, JobTooLarge, StoreLimits
 from serve_app.jobs.store.redis_store import RedisJobStore
 from serve_app.jobs.store import sqlite as sqlite_store
 from serve_app.jobs.store.sqlite import SqliteJobStore
@@ -72,9 +72,9 @@ def test_a_job_its_chunks_and_its_expiry_survive_reopening_the_store(open_store)
         store = open_store()
         await store.create(_job(1, key="k1"), b'{"p":1}', LIMITS)
         await store.start("job1", 1_001.0)
-        await store.put_chunk("job1", 0, 4, {"m": 0}, b"abcd")
-        await store.put_chunk("job1", 0, 4, {"m": 0}, b"abcd")  # stored twice: counted once
-        await store.put_chunk("job1", 2, 2, {"m": 2}, b"ef")
+        await store.put_chunk("job1", 0, 4, {"m": 0}, b"abcd", LIMITS)
+        await store.put_chunk("job1", 0, 4, {"m": 0}, b"abcd", LIMITS)  # stored twice: counted once
+        await store.put_chunk("job1", 2, 2, {"m": 2}, b"ef", LIMITS)
         await store.create(_job(2), b"{}", LIMITS)
         await store.finish("job2", "cancelled", 1_002.0, 1_062.0)
         await store.close()
@@ -131,11 +131,36 @@ def test_a_chunk_larger_than_its_reservation_counts_its_real_size(open_store):
     async def scenario():
         store = open_store()
         await store.create(_job(1, reserved=10), b"{}", LIMITS)
-        await store.put_chunk("job1", 0, 4, {}, b"x" * 50)
+        await store.put_chunk("job1", 0, 4, {}, b"x" * 50, LIMITS)
         assert (await store.get("job1")).reserved_bytes == 50
         assert (await store.counts())["result_bytes"] == 50
 
     asyncio.run(scenario())
+
+
+def test_a_chunk_past_the_job_s_bound_or_the_store_s_is_refused_and_nothing_counted(open_store):
+    """A result larger than its submission's estimate (a custom model's long outputs) may grow up to
+    jobs.max_job_result_bytes, and the store's results up to jobs.max_total_result_bytes; past either, the
+    chunk is refused, so the store never holds more than its bound (Redis has a memory limit on Kubernetes)."""
+    limits = StoreLimits(max_unfinished_jobs=3, max_jobs=5, max_total_result_bytes=100, retry_after_s=2,
+                         max_job_result_bytes=80)
+
+    async def scenario():
+        store = open_store()
+        await store.create(_job(1, reserved=10), b"{}", limits)
+        assert await store.put_chunk("job1", 0, 4, {}, b"x" * 40, limits)  # past its estimate, within its bound
+        with pytest.raises(JobTooLarge, match="80 bytes"):
+            await store.put_chunk("job1", 1, 4, {}, b"x" * 41, limits)
+        assert await store.put_chunk("job1", 0, 4, {}, b"x" * 40, limits)  # stored already: still accepted
+        await store.create(_job(2, reserved=50), b"{}", limits)  # the store's results: 40 + 50
+        with pytest.raises(JobStoreFull, match="100 bytes"):
+            await store.put_chunk("job2", 0, 4, {}, b"x" * 61, limits)  # would grow it by 11, to 101
+        assert await store.put_chunk("job2", 0, 4, {}, b"x" * 60, limits)  # to 100 exactly
+        job1, job2 = await store.get("job1"), await store.get("job2")
+        return (job1.used_bytes, job2.used_bytes, list(await store.chunk_metas("job1")),
+                (await store.counts())["result_bytes"])
+
+    assert asyncio.run(scenario()) == (40, 60, [0], 100)
 
 
 def test_a_chunk_is_refused_once_its_job_finished(open_store):
@@ -143,18 +168,18 @@ def test_a_chunk_is_refused_once_its_job_finished(open_store):
     async def scenario():
         store = open_store()
         await store.create(_job(1, reserved=10), b"{}", LIMITS)
-        assert await store.put_chunk("job1", 0, 4, {}, b"abcd")
-        assert await store.put_chunk("job1", 0, 4, {}, b"abcd")  # stored already: accepted, counted once
+        assert await store.put_chunk("job1", 0, 4, {}, b"abcd", LIMITS)
+        assert await store.put_chunk("job1", 0, 4, {}, b"abcd", LIMITS)  # stored already: accepted, counted once
         await store.finish("job1", "cancelled", 1_001.0, 1_061.0)
-        assert not await store.put_chunk("job1", 1, 4, {}, b"x" * 50)
+        assert not await store.put_chunk("job1", 1, 4, {}, b"x" * 50, LIMITS)
         cancelled = await store.get("job1")
         assert await store.chunk_metas("job1") == {}
         assert cancelled.reserved_bytes == cancelled.used_bytes == 0
         await store.create(_job(2, reserved=10), b"{}", LIMITS)
-        assert await store.put_chunk("job2", 0, 4, {}, b"abcd")
+        assert await store.put_chunk("job2", 0, 4, {}, b"abcd", LIMITS)
         await store.finish("job2", "succeeded", 1_001.0, 1_061.0)
-        assert not await store.put_chunk("job2", 1, 4, {}, b"x" * 50)
-        assert not await store.put_chunk("nojob", 0, 4, {}, b"abcd")
+        assert not await store.put_chunk("job2", 1, 4, {}, b"x" * 50, LIMITS)
+        assert not await store.put_chunk("nojob", 0, 4, {}, b"abcd", LIMITS)
         succeeded = await store.get("job2")
         assert list(await store.chunk_metas("job2")) == [0] and succeeded.used_bytes == 4
         assert (await store.counts())["result_bytes"] == 10  # job2's reservation; nothing of the refused
@@ -196,7 +221,7 @@ def test_redis_jobs_survive_a_redis_server_restart(tmp_path):
         async def write():
             store = RedisJobStore(server.url, password=server.password)
             await store.create(_job(1, key="k"), b'{"p":1}', LIMITS)
-            await store.put_chunk("job1", 0, 4, {"i": 0}, b"\x00\x01\x02")
+            await store.put_chunk("job1", 0, 4, {"i": 0}, b"\x00\x01\x02", LIMITS)
             await store.create(_job(2), b"{}", LIMITS)
             await store.finish("job2", "succeeded", 1_002.0, 9e9)
             await store.close()

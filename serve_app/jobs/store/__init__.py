@@ -62,9 +62,12 @@ class JobStore(ABC):
         """Mark it running (its first start time is kept across resumes)."""
 
     @abstractmethod
-    async def put_chunk(self, job_id: str, index: int, records: int, meta: dict, data: bytes) -> bool:
+    async def put_chunk(self, job_id: str, index: int, records: int, meta: dict, data: bytes,
+                        limits: StoreLimits) -> bool:
         """Store one chunk of the result (a chunk stored already is left as it is), atomically with the
-        check that the job is still queued or running; False (nothing stored or counted) once it is not."""
+        check that the job is still queued or running; False (nothing stored or counted) once it is not.
+        A new chunk that would take the job past `limits.max_job_result_bytes`, or the store's results past
+        `limits.max_total_result_bytes`, is not stored: `limits.outgrown(...)` is raised."""
 
     @abstractmethod
     async def chunk_metas(self, job_id: str) -> dict[int, tuple[int, dict]]:

@@ -54,11 +54,16 @@ return 1
 _PUT_CHUNK = """
 local s = redis.call('HGET', KEYS[2], 'status')
 if s ~= 'queued' and s ~= 'running' then return 0 end
-if redis.call('HSETNX', KEYS[1], 'd' .. ARGV[1], ARGV[2]) == 0 then return 1 end
-redis.call('HSET', KEYS[1], 'm' .. ARGV[1], ARGV[3])
-redis.call('HINCRBY', KEYS[2], 'records_done', ARGV[4])
-local used = redis.call('HINCRBY', KEYS[2], 'used_bytes', string.len(ARGV[2]))
+if redis.call('HEXISTS', KEYS[1], 'd' .. ARGV[1]) == 1 then return 1 end
+local used = tonumber(redis.call('HGET', KEYS[2], 'used_bytes')) + string.len(ARGV[2])
 local reserved = tonumber(redis.call('HGET', KEYS[2], 'reserved_bytes'))
+if used > tonumber(ARGV[5]) then return 2 end
+if used > reserved and tonumber(redis.call('HGET', KEYS[3], 'bytes') or '0') + used - reserved > tonumber(ARGV[6]) then
+  return 3
+end
+redis.call('HSET', KEYS[1], 'd' .. ARGV[1], ARGV[2], 'm' .. ARGV[1], ARGV[3])
+redis.call('HINCRBY', KEYS[2], 'records_done', ARGV[4])
+redis.call('HSET', KEYS[2], 'used_bytes', used)
 if used > reserved then
   redis.call('HSET', KEYS[2], 'reserved_bytes', used)
   redis.call('HINCRBY', KEYS[3], 'bytes', used - reserved)
@@ -218,10 +223,15 @@ class RedisJobStore(JobStore):
     async def start(self, job_id: str, now: float) -> None:
         await self.redis.eval(_START, 1, self.key("job", job_id), repr(now))
 
-    async def put_chunk(self, job_id: str, index: int, records: int, meta: dict, data: bytes) -> bool:
-        return bool(await self.redis.eval(
+    async def put_chunk(self, job_id: str, index: int, records: int, meta: dict, data: bytes,
+                        limits: StoreLimits) -> bool:
+        stored = int(await self.redis.eval(
             _PUT_CHUNK, 3, self.key("chunks", job_id), self.key("job", job_id), self.key("stats"),
-            index, data, json.dumps([records, meta]), records))
+            index, data, json.dumps([records, meta]), records, limits.max_job_result_bytes,
+            limits.max_total_result_bytes))
+        if stored > 1:
+            raise limits.outgrown("job" if stored == 2 else "bytes")
+        return bool(stored)
 
     async def chunk_metas(self, job_id: str) -> dict[int, tuple[int, dict]]:
         fields = [f for f in await self.redis.hkeys(self.key("chunks", job_id)) if f.startswith(b"m")]

@@ -190,10 +190,21 @@ class SqliteJobStore(JobStore):
             f"UPDATE jobs SET status = 'running', started_at = COALESCE(started_at, ?) "
             f"WHERE id = ? AND status IN {_UNFINISHED}", (now, job_id)))
 
-    async def put_chunk(self, job_id: str, index: int, records: int, meta: dict, data: bytes) -> bool:
+    async def put_chunk(self, job_id: str, index: int, records: int, meta: dict, data: bytes,
+                        limits: StoreLimits) -> bool:
         def put(db: sqlite3.Connection) -> bool:
-            if db.execute(f"SELECT 1 FROM jobs WHERE id = ? AND status IN {_UNFINISHED}", (job_id,)).fetchone() is None:
+            row = db.execute(f"SELECT used_bytes, reserved_bytes FROM jobs WHERE id = ? AND status IN {_UNFINISHED}",
+                             (job_id,)).fetchone()
+            if row is None:
                 return False  # finished meanwhile (cancelled): nothing kept, nothing counted
+            if db.execute("SELECT 1 FROM chunks WHERE job_id = ? AND idx = ?", (job_id, index)).fetchone():
+                return True  # stored already (a resent write)
+            used, grows = row[0] + len(data), max(0, row[0] + len(data) - row[1])
+            if used > limits.max_job_result_bytes:
+                raise limits.outgrown("job")
+            if grows and db.execute("SELECT COALESCE(SUM(reserved_bytes), 0) FROM jobs").fetchone()[0] + grows \
+                    > limits.max_total_result_bytes:
+                raise limits.outgrown("bytes")
             added = db.execute("INSERT OR IGNORE INTO chunks (job_id, idx, records, meta, data) VALUES (?, ?, ?, ?, ?)",
                                (job_id, index, records, json.dumps(meta), data)).rowcount
             if added:
