@@ -8,9 +8,10 @@ model call per group, and the outputs scattered back to their items in order.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import OrderedDict
-from typing import Callable, Hashable, NamedTuple, Sequence, TypeVar, Union
+from typing import Awaitable, Callable, Hashable, NamedTuple, Sequence, TypeVar, Union
 
 from .errors import describe_exception
 
@@ -34,6 +35,18 @@ def count_records(items: Sequence) -> int:
     An item is a `Chunk` (its texts count) or a plain list of texts.
     """
     return sum(len(item.texts) if isinstance(item, Chunk) else len(item) for item in items)
+
+
+async def gather_or_cancel(*calls: Awaitable[R]) -> list[R]:
+    """`asyncio.gather`, but the first failure cancels the other calls: the pieces of a request that has
+    already failed are not computed for nobody."""
+    tasks = [asyncio.ensure_future(call) for call in calls]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        raise
 
 
 def split(records: Sequence[R], size: int) -> list[list[R]]:

@@ -15,7 +15,6 @@ more can join at once: one encoder pass and one cache reshuffle for many sequenc
 step costs on a GPU. A call cancelled by its caller (deadline passed, client gone), or failed by a
 step, leaves at the next step, its sequences never computed further. An error outside a step stops
 the thread: callers get a BackendError, new calls are refused, a `fatal` StepOutcome is sent.
-
 No Ray here: the Translator deployment wires it in (deployments/continuous_translation.py).
 """
 
@@ -33,6 +32,7 @@ from .backends.base import BackendError
 from .backends.continuous_decoder import DecodeRequest
 from .backends.heap import DECODING_TRIM_AFTER_TOKENS, trim_after_batch
 from .backends.segments import mark_cut
+from .errors import deliverable
 from .priority import Priority
 
 logger = logging.getLogger("ray.serve")
@@ -290,7 +290,7 @@ def _settle(future: Future, outcome) -> None:
     """Set a call's result or exception unless its caller cancelled it meanwhile."""
     try:
         if isinstance(outcome, BaseException):
-            future.set_exception(outcome)
+            future.set_exception(deliverable(outcome))
         else:
             future.set_result(outcome)
     except InvalidStateError:  # cancelled by its caller between the check and now

@@ -15,6 +15,17 @@ class ModelContractError(RuntimeError):
     """A user's `predict` broke its contract (wrong number or shape of outputs)."""
 
 
+def deliverable(exc: BaseException) -> BaseException:
+    """`exc` as a caller's future may carry it. asyncio refuses StopIteration on a future (a TypeError in
+    a callback: the caller would wait until its deadline), and a SystemExit or KeyboardInterrupt set there
+    would stop the replica's event loop; those reach the caller as a RuntimeError caused by them."""
+    if isinstance(exc, Exception) and not isinstance(exc, StopIteration):
+        return exc
+    wrapped = RuntimeError(f"the model raised {type(exc).__name__}")
+    wrapped.__cause__ = exc
+    return wrapped
+
+
 def describe_exception(exc: BaseException) -> str:
     """An exception for the log without its message: its class and, where Python still has it,
     where it was raised. Messages of model code may quote the request's texts (`KeyError: '<text>'`),

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from .backends.libc import libc_function
+from .errors import deliverable
 from .priority import Priority
 
 logger = logging.getLogger("ray.serve")
@@ -243,7 +244,7 @@ class ModelQueue:
                 logger.exception("model batch bookkeeping failed")
         for entry, out in zip(batch, outputs):
             if isinstance(out, BaseException):
-                entry.future.set_exception(out)
+                entry.future.set_exception(deliverable(out))
             else:
                 entry.future.set_result((out, records, start))
 

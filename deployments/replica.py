@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 
 from .adaptive_batching import AIMDBatchSizer, AIMDSettings
 from .batch_config import BatchConfig, parse_batch_config
-from .batching import split
+from .batching import gather_or_cancel, split
 from .health import ReplicaHealth
 from .metrics import ReplicaMetrics
 from .model_queue import BatchOutcome, Compute, ModelQueue
@@ -206,11 +206,11 @@ class ModelReplica:
                 size = self._size_for(batched, self.live_max_batch_size())
                 if len(piece) <= size:
                     raise
-                parts = await asyncio.gather(*(submit(part, counted=True) for part in split(piece, size)))
+                parts = await gather_or_cancel(*(submit(part, counted=True) for part in split(piece, size)))
                 return [result for part in parts for result in part]
 
         size = self._size_for(batched, self.live_max_batch_size())
-        pieces = await asyncio.gather(*(submit(piece) for piece in split(records, size)))
+        pieces = await gather_or_cancel(*(submit(piece) for piece in split(records, size)))
         return [result for piece in pieces for result in piece]
 
     def reconfigure(self, user_config: dict) -> None:

@@ -1,6 +1,8 @@
+import asyncio
+
 import pytest
 
-from deployments.batching import Chunk, count_records, run_grouped, split
+from deployments.batching import Chunk, count_records, gather_or_cancel, run_grouped, split
 
 
 def test_split_keeps_order_and_bounds_size():
@@ -63,3 +65,28 @@ def test_run_grouped_isolate_lets_interrupts_through():
 
     with pytest.raises(KeyboardInterrupt):
         run_grouped(["k", "k"], [["a"], ["b"]], run, isolate=True)
+
+
+def test_the_first_failing_piece_cancels_the_request_s_other_pieces():
+    """A request cut into pieces that has failed computes no more of them for nobody."""
+    cancelled = []
+
+    async def slow(name):
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.append(name)
+            raise
+
+    async def fails():
+        raise ValueError("bad piece")
+
+    async def scenario():
+        with pytest.raises(ValueError, match="bad piece"):
+            await asyncio.wait_for(gather_or_cancel(slow("a"), fails(), slow("b")), 5)
+        await asyncio.sleep(0)
+        return sorted(cancelled)
+
+    assert asyncio.run(scenario()) == ["a", "b"]
+    both = asyncio.run(asyncio.wait_for(gather_or_cancel(asyncio.sleep(0, "x"), asyncio.sleep(0, "y")), 5))
+    assert both == ["x", "y"]

@@ -113,6 +113,28 @@ def test_one_output_per_call_or_every_call_of_the_batch_gets_the_error():
     queue.shutdown()
 
 
+def test_a_model_that_raises_stop_iteration_or_exits_still_answers_its_callers():
+    """asyncio refuses StopIteration on a future (the caller waited until its deadline) and a SystemExit set
+    there would stop the replica's event loop: both reach the caller as a RuntimeError caused by them."""
+    queue = ModelQueue("test")
+
+    def raising(exc):
+        def compute(items):
+            raise exc
+        return compute
+
+    async def call(exc):
+        return await asyncio.wrap_future(queue.submit(raising(exc), "item"))
+
+    try:
+        for exc in (StopIteration(), SystemExit(3)):
+            with pytest.raises(RuntimeError, match=type(exc).__name__) as raised:
+                asyncio.run(asyncio.wait_for(call(exc), 5))
+            assert raised.value.__cause__ is exc
+    finally:
+        queue.shutdown()
+
+
 class GatedBackend:
     """Records the order of model calls; the first one blocks until `gate` is set."""
 

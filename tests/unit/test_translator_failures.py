@@ -107,7 +107,7 @@ def test_a_batch_of_bad_calls_is_blamed_on_its_inputs_once_the_known_good_call_p
             raise KeyboardInterrupt
         known = queue._known_good
         queue._known_good = (interrupted, "good", 1)
-        with pytest.raises(KeyboardInterrupt):
+        with pytest.raises(RuntimeError, match="KeyboardInterrupt"):  # delivered so (errors.deliverable)
             queue.submit(interrupted, "x").result(timeout=10)
         assert not outcomes[-1].inputs_blamed
         queue._known_good = known
