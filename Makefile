@@ -54,8 +54,11 @@ ifeq ($(PORT),9527)
 	@# The launcher checks the config itself (serve_app.config_check) before it starts Ray.
 	$(BIN)/python -m serve_app.run $(CONFIG)
 else
-	$(BIN)/python -m serve_app.config_check $(CONFIG) --port $(PORT) --write .build/serve_config.yaml
-	$(BIN)/python -m serve_app.run .build/serve_config.yaml
+	@# Its own rendered config and its own jobs store: a `make run` on another port neither rewrites this
+	@# one's config nor runs its jobs (whoever holds a store's lease runs every job in it).
+	$(BIN)/python -m serve_app.config_check $(CONFIG) --port $(PORT) --write .build/serve_config.$(PORT).yaml
+	SERVE_APP_JOBS_STORE_PATH=$${SERVE_APP_JOBS_STORE_PATH:-.data/jobs-$(PORT).sqlite3} \
+		$(BIN)/python -m serve_app.run .build/serve_config.$(PORT).yaml
 endif
 
 ## The whole suite: unit tests (no Ray), then integration tests (one Serve instance).
@@ -195,7 +198,7 @@ bench-gpu-engines: $(VENV)/.installed-bench
 ## Serve's view of the running app (replica states), as `serve status` prints it: `make run`'s on
 ## $(PORT), read through Ray (it starts no dashboard: serve_app/status.py); a dashboard's with
 ## `make status RAY_DASHBOARD_ADDRESS=http://<head>:8265` (a cluster, `serve run`; Ray 2.60 turns token auth on).
-status:
+status: install
 ifdef RAY_DASHBOARD_ADDRESS
 	RAY_AUTH_MODE=token $(BIN)/serve status --address $(RAY_DASHBOARD_ADDRESS)
 else

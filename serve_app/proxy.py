@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import IO, Mapping, Optional
 
 from .proxy_shedding import FASTINTER_VARIABLE, ProxyShedding
+from .status import read_record
 
 #: Values of `--proxy` / SERVE_APP_PROXY.
 PROXY_CHOICES = ("auto", "haproxy", "python")
@@ -140,6 +141,20 @@ def _port_free(port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def port_taken(host: str, port: int) -> str:
+    """"" if the launcher's HTTP port is free on `host`, else who holds it, as far as is known. Checked before
+    Ray starts (serve_app/run.py): HAProxy failing to bind later would leave a launcher that says it serves, and
+    a client talking to whatever holds the port."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a closed run's TIME_WAIT connections are no holder
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            record = read_record(port)
+            return f" (by `make run`, pid {record['pid']})" if record else f" ({exc.strerror})"
+    return ""
 
 
 #: Where a port is looked for when Ray's default is taken: below the kernel's ephemeral range (32768-60999

@@ -33,7 +33,7 @@ import yaml
 
 from serve_app import status
 from serve_app.proxy import (DEFAULT_HAPROXY_METRICS_PORT, DEFAULT_HAPROXY_STATS_PORT, PROXY_CHOICES,
-                             ProxyChoiceError, proxy_environment)
+                             ProxyChoiceError, port_taken, proxy_environment)
 from serve_app.proxy_shedding import shedding_for_config
 
 
@@ -133,14 +133,14 @@ def _drain(signal_actor: Any, app_names: list[str], timeout_s: float) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("config", help="Serve config YAML (as for `serve run`)")
-    parser.add_argument("--drain-timeout-s", type=float,
-                        default=float(os.environ.get("SERVE_APP_DRAIN_TIMEOUT_S", "30")),
+    parser.add_argument("--drain-timeout-s", type=float, default=os.environ.get("SERVE_APP_DRAIN_TIMEOUT_S", "30"),
                         help="longest wait for admitted requests on stop (env SERVE_APP_DRAIN_TIMEOUT_S)")
     # Without Ray's dashboard: 16 processes instead of 27, 214 MB less PSS (docs/benchmarks/overhead.md) and
     # the first answer 0.9-2.9 s sooner (docs/benchmarks/launcher-run). `make status` reads Serve's view
     # through Ray instead (serve_app/status.py). The node agent (metrics export) runs either way.
     parser.add_argument("--dashboard", action=argparse.BooleanOptionalAction,
-                        default=os.environ.get("SERVE_APP_RAY_DASHBOARD", "0") not in ("0", "false", "no", ""),
+                        default=os.environ.get("SERVE_APP_RAY_DASHBOARD", "0").strip().lower()
+                        not in ("0", "false", "no", "off", ""),
                         help="also start Ray's dashboard (env SERVE_APP_RAY_DASHBOARD=1): its web views and "
                              "`serve status`, for 11 more processes, ~200 MB and 1-3 s of start")
     parser.add_argument("--proxy", choices=PROXY_CHOICES, default=os.environ.get("SERVE_APP_PROXY", "auto"),
@@ -204,6 +204,11 @@ def _serve(ns: argparse.Namespace) -> int:
     # `ray start`'s record or by a running gcs_server, dead or alive (issue 30). The replicas' logs
     # reach this console (log_to_driver), as they reach `serve run`'s.
     joining = ns.address != "local"
+    http = HTTPOptionsSchema(**(config.get("http_options") or {}))
+    if not joining and (taken := port_taken(http.host, http.port)):
+        print(f"serve-app: port {http.port} on {http.host} is in use{taken}; stop what holds it, or serve on "
+              "another port: make run PORT=8000", file=sys.stderr)
+        return 1
     ray.init(address=ns.address, namespace="serve", logging_level="WARNING",
              **({} if joining else {"include_dashboard": ns.dashboard}))
     if joining:
@@ -219,7 +224,7 @@ def _serve(ns: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
 
     app_names = _app_names(ns.config)
-    port = HTTPOptionsSchema(**(config.get("http_options") or {})).port
+    port = http.port
     _record_for_make_status(port, ray.get_runtime_context().gcs_address)
     try:
         try:

@@ -18,6 +18,7 @@ import secrets as _secrets
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -63,7 +64,9 @@ class LocalCluster(DashboardView):
         self.cpu = PodCpu(self.network.cluster_id)
         self.worker_shares = shares_for(raw.workers.num_cpus)
         self.own_cpu_shares = max(shares_for(raw.head.num_cpus), self.worker_shares * self.worker_count)
-        self.haproxy_dir = Path("/tmp") / f"sah{self.network.cluster_id}"
+        # Fresh and 0700 (mkdtemp): Ray's template makes HAProxy's admin socket mode 666, and a folder others
+        # could make first would let them swap haproxy.cfg before a reload (HAProxy runs as root here).
+        self.haproxy_dir = Path(tempfile.mkdtemp(prefix=f"sah{self.network.cluster_id}-", dir="/tmp"))
         self.nodes: list[Node] = []
         self.redis_proc: Optional[subprocess.Popen] = None
         # RAY_external_storage_namespace: KubeRay uses the RayCluster's UID; one per local cluster.

@@ -16,6 +16,7 @@ import re
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,21 @@ STATE_DIR = Path("/tmp/serve-app-netns")
 
 class NetnsError(RuntimeError):
     """A namespace or link could not be made (no root, no iproute2, a name taken)."""
+
+
+#: The names this module gives namespaces (sa<cluster>n<node>) and links (sa<cluster>v<node>, sa<cluster>br).
+OUR_NAME = re.compile(r"sa\d+(n\d+|v\d+|br)")
+
+
+def state_dir() -> Path:
+    """STATE_DIR (made 0700 if missing), refused unless only this user may write in it: its records name the
+    namespaces, links and processes that cleanup_stale, run as root, removes and kills."""
+    STATE_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = STATE_DIR.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
+        raise NetnsError(f"{STATE_DIR} is not a folder only this user may write in (mode "
+                         f"{oct(info.st_mode & 0o777)}, owner uid {info.st_uid}): remove it and start again")
+    return STATE_DIR
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -70,7 +86,7 @@ class PodNetwork:
     extra_pids: list[int] = field(default_factory=list)
 
     def _save(self) -> None:
-        STATE_DIR.mkdir(parents=True, exist_ok=True)
+        state_dir()
         self.state_file.write_text(json.dumps({"pid": os.getpid(), "namespaces": self.namespaces,
                                                "links": self.links, "extra_pids": self.extra_pids}))
 
@@ -178,13 +194,16 @@ def cleanup_stale() -> list[str]:
     removed: list[str] = []
     if not STATE_DIR.exists():
         return removed
-    for state in STATE_DIR.glob("*.json"):
+    for state in state_dir().glob("*.json"):
         try:
             data = json.loads(state.read_text())
         except (OSError, ValueError):
             continue
         if _alive(data.get("pid", 0)):
             continue
+        # (the folder is this user's alone; a name this module never gives is still not acted on)
+        data["namespaces"] = [n for n in data.get("namespaces", []) if OUR_NAME.fullmatch(str(n))]
+        data["links"] = [n for n in data.get("links", []) if OUR_NAME.fullmatch(str(n))]
         for ns in data.get("namespaces", []):
             kill_namespace_processes(ns)
         for pid in data.get("extra_pids", []):
@@ -206,10 +225,10 @@ def free_cluster_id() -> int:
     file is created here, exclusively (two clusters starting at once would otherwise both take an id, and
     the one whose bridge then failed to be created would remove the other's on its way out)."""
     cleanup_stale()
-    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    folder = state_dir()
     for cluster_id in range(1, 512):
         try:
-            fd = os.open(STATE_DIR / f"{cluster_id}.json", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            fd = os.open(folder / f"{cluster_id}.json", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
         except FileExistsError:
             continue
         with os.fdopen(fd, "w") as state:

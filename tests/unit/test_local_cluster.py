@@ -236,3 +236,28 @@ def test_a_node_gets_its_restarts_again_once_it_has_joined(tmp_path):
         assert pauses == list(START_RETRY_PAUSES_S), session
         node.joined()
     assert len(node.failed_starts) == 2 * len(START_RETRY_PAUSES_S)  # all of them kept, for the figures
+
+
+def test_cleanup_acts_only_on_a_folder_of_this_user_s_and_on_names_it_gives(tmp_path, monkeypatch):
+    """cleanup_stale runs as root and removes what the state files name: a folder others may write in is
+    refused (another user could plant `{"links": ["eth0"], "namespaces": ["../../home"]}` there), and a
+    name this module never gives is left alone even so."""
+    import json
+
+    state = tmp_path / "state"
+    monkeypatch.setattr(netns, "STATE_DIR", state)
+    monkeypatch.setattr(netns, "NETNS_ETC", tmp_path / "etc-netns")
+    state.mkdir()
+    state.chmod(0o777)
+    with pytest.raises(netns.NetnsError, match="only this user may write"):
+        netns.cleanup_stale()
+    state.chmod(0o700)
+    calls = []
+    monkeypatch.setattr(netns, "_ip", lambda *args, check=True: calls.append(args))
+    monkeypatch.setattr(netns, "kill_namespace_processes", lambda ns: calls.append(("kill", ns)))
+    monkeypatch.setattr(netns, "stale_groups", lambda cluster_id: [])
+    (state / "7.json").write_text(json.dumps({"pid": 2 ** 22 - 1, "namespaces": ["sa7n0", "../../home"],
+                                              "links": ["sa7v0", "sa7br", "eth0"], "extra_pids": []}))
+    assert netns.cleanup_stale() == ["sa7n0", "sa7v0", "sa7br"]
+    assert ("link", "delete", "eth0") not in calls and ("kill", "../../home") not in calls
+    assert netns.state_dir() == state and not (state / "7.json").exists()

@@ -280,6 +280,7 @@ def test_a_failed_deploy_shuts_serve_down_and_exits_1(monkeypatch, capsys):
         raise RuntimeError("controller refused")
 
     monkeypatch.setattr(run, "_deploy", refused)
+    monkeypatch.setattr(run, "port_taken", lambda host, port: "")  # 9527 may serve a developer's `make run`
     config = Path(__file__).resolve().parents[2] / "serve_config.placed.yaml"
     ns = argparse.Namespace(config=str(config), address="local", dashboard=False, drain_timeout_s=1.0)
     assert run._serve(ns) == 1

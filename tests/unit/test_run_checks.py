@@ -1,0 +1,60 @@
+"""The `make run` launcher's checks of what it is given, before Ray starts (serve_app/run.py): its HTTP port
+free, its switches read as people write them. From a read-only review (2026-11-30)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+@pytest.mark.parametrize("value, on", [("1", True), ("true", True), ("0", False), ("False", False),
+                                       ("OFF", False), (" no ", False), ("", False)])
+def test_the_dashboard_switch_reads_its_variable_as_people_write_it(monkeypatch, value, on):
+    import serve_app.run as run
+
+    seen = {}
+    monkeypatch.setattr(os, "environ", os.environ.copy())
+    monkeypatch.setattr(run, "_serve", lambda ns: seen.setdefault("dashboard", ns.dashboard) and 0)
+    monkeypatch.setattr(run, "proxy_environment", lambda choice, run_dir, *a, **kw: ("python", {}))
+    monkeypatch.setenv("SERVE_APP_RAY_DASHBOARD", value)
+    run.main(["serve_config.yaml"])
+    assert seen["dashboard"] is on
+
+
+def test_a_bad_drain_timeout_is_a_usage_error_naming_the_option(monkeypatch, capsys):
+    import serve_app.run as run
+
+    monkeypatch.setenv("SERVE_APP_DRAIN_TIMEOUT_S", "soon")
+    with pytest.raises(SystemExit) as exited:
+        run.main(["serve_config.yaml"])
+    assert exited.value.code == 2 and "--drain-timeout-s" in capsys.readouterr().err
+
+
+def test_a_taken_port_is_refused_before_ray_starts_naming_it(monkeypatch, tmp_path, capsys):
+    """HAProxy failing to bind the port later left a launcher that said it served while clients reached
+    whatever held the port."""
+    import argparse
+    import socket
+
+    import ray
+    import yaml
+
+    import serve_app.run as run
+
+    def no_ray(*args, **kwargs):
+        raise AssertionError("Ray started on a taken port")
+
+    monkeypatch.setattr(ray, "init", no_ray)
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        config = yaml.safe_load(open("serve_config.placed.yaml"))
+        config["http_options"]["port"] = port
+        path = tmp_path / "c.yaml"
+        path.write_text(yaml.safe_dump(config))
+        ns = argparse.Namespace(config=str(path), address="local", dashboard=False, drain_timeout_s=1.0)
+        assert run._serve(ns) == 1
+    err = capsys.readouterr().err
+    assert f"port {port} on 127.0.0.1 is in use" in err and "make run PORT=" in err
