@@ -6,7 +6,7 @@ replica that has already drained (it has nothing in flight): drain calls sent th
 So the launcher (serve_app/run.py) owns a named actor instead. Every Ingress replica that finds it at
 start waits on it (an actor call that returns when the stop begins: an event, no polling), drains, and
 reports back under its Serve replica id; the launcher waits for a report from each Ingress replica alive
-when the stop began (serve_app/run.py), not for as many reports: a replica that starts during the stop has
+when the stop began (`drain`, below), not for as many reports: a replica that starts during the stop has
 nothing to drain and reports at once, and must not stand in for a busy one.
 
 Without the launcher (`serve run`, a KubeRay RayService) there is no such actor and nothing waits.
@@ -96,3 +96,44 @@ def watch(replica: str, drain: Callable[[float], Awaitable[dict]]) -> Optional[t
     thread = threading.Thread(target=_wait_drain_report, name="serve-app-drain-watch", daemon=True)
     thread.start()
     return thread
+
+
+def _ingress_replicas(app_names: list[str], say: Callable[[str], None]) -> Union[set[str], int]:
+    """The Ingress replicas of the config's applications that are alive now, by the id each reports
+    under (its Serve replica id): Serve names each replica's actor `SERVE_REPLICA::<app>#<deployment>#<id>`.
+    By id, not by count: a replica that starts during the stop (the autoscaler adding one under load)
+    reports at once and would otherwise take the place of a busy one still draining. Should the names
+    not read, the RUNNING replicas' count (serve.status; an application without an Ingress has none)."""
+    from ray import serve
+
+    try:
+        from ray.serve._private.common import ReplicaID
+
+        ids = {ReplicaID.from_full_id_str(actor["name"]) for actor in ray.util.list_named_actors(all_namespaces=True)
+               if ReplicaID.is_full_id_str(actor["name"])}
+        return {r.unique_id for r in ids if r.deployment_id.name == "Ingress" and r.deployment_id.app_name in app_names}
+    except Exception as exc:  # noqa: BLE001 - Ray's naming changed: count instead
+        say(f"serve-app: could not list the Ingress replicas by id ({exc!r}); counting them")
+    applications = serve.status().applications
+    ingresses = (applications[name].deployments.get("Ingress") for name in app_names if name in applications)
+    return sum(int(ingress.replica_states.get("RUNNING", 0)) for ingress in ingresses if ingress is not None)
+
+
+def drain(signal_actor: "ray.actor.ActorHandle", app_names: list[str], timeout_s: float,
+          say: Callable[[str], None] = print) -> None:
+    """The launcher's stop: every Ingress replica of `app_names` drains at once; wait for each one's report."""
+    try:
+        replicas = _ingress_replicas(app_names, say)
+    except Exception as exc:  # the stop still goes out: whoever reports is waited for until the timeout
+        say(f"serve-app: could not find the Ingress replicas ({exc!r})")
+        replicas = 1
+    try:
+        ray.get(signal_actor.stop.remote(timeout_s))
+        drained = ray.get(signal_actor.reports.remote(replicas, timeout_s + 10))
+        if isinstance(replicas, int):
+            done, expected = len(drained), replicas
+        else:
+            done, expected = len(replicas & drained.keys()), len(replicas)
+        say(f"serve-app: drained {done} of {expected} Ingress replica(s): {drained}")
+    except Exception as exc:  # a failed drain must not prevent the shutdown
+        say(f"serve-app: could not drain ({exc!r}); stopping anyway")

@@ -8,7 +8,8 @@ does (same config, same logs; no second Ray driver: measured 0.9-3.0 s sooner re
 memory than `serve run` as a child plus config_check's own process, docs/benchmarks/launcher-run),
 and on Ctrl-C / SIGTERM first drains every Ingress replica at once (serve_app/drain_signal.py: new model
 requests get `503 shutting_down` + Retry-After, /readyz turns 503, admitted requests finish, up to
---drain-timeout-s), then shuts Serve and Ray down. `make run` uses it.
+--drain-timeout-s), then shuts Serve and Ray down (on a cluster it joined: deletes its own applications
+only, and it refuses a cluster whose Serve serves others, which its config would delete). `make run` uses it.
 
 It starts a Ray instance of its own (--address local) unless told to join a cluster (--address
 host:port, env RAY_ADDRESS): never the one the machine's last `ray start` recorded by accident.
@@ -27,7 +28,6 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, Union
 
 import yaml
 
@@ -85,49 +85,6 @@ def _app_names(config_path: str) -> list[str]:
         return [app.get("name", "default") for app in _load_config(config_path).get("applications") or []]
     except (OSError, ValueError, yaml.YAMLError, AttributeError):
         return []  # `serve run` reports the config itself
-
-
-def _ingress_replicas(app_names: list[str]) -> Union[set[str], int]:
-    """The Ingress replicas of the config's applications that are alive now, by the id each reports
-    under (its Serve replica id): Serve names each replica's actor `SERVE_REPLICA::<app>#<deployment>#<id>`.
-    By id, not by count: a replica that starts during the stop (the autoscaler adding one under load)
-    reports at once and would otherwise take the place of a busy one still draining. Should the names
-    not read, the RUNNING replicas' count (serve.status; an application without an Ingress has none)."""
-    import ray
-    from ray import serve
-
-    try:
-        from ray.serve._private.common import ReplicaID
-
-        ids = {ReplicaID.from_full_id_str(actor["name"]) for actor in ray.util.list_named_actors(all_namespaces=True)
-               if ReplicaID.is_full_id_str(actor["name"])}
-        return {r.unique_id for r in ids if r.deployment_id.name == "Ingress" and r.deployment_id.app_name in app_names}
-    except Exception as exc:  # noqa: BLE001 - Ray's naming changed: count instead
-        _say(f"serve-app: could not list the Ingress replicas by id ({exc!r}); counting them")
-    applications = serve.status().applications
-    ingresses = (applications[name].deployments.get("Ingress") for name in app_names if name in applications)
-    return sum(int(ingress.replica_states.get("RUNNING", 0)) for ingress in ingresses if ingress is not None)
-
-
-def _drain(signal_actor: Any, app_names: list[str], timeout_s: float) -> None:
-    """Every Ingress replica drains at once (serve_app/drain_signal.py); wait for each one's report."""
-    import ray
-
-    try:
-        replicas = _ingress_replicas(app_names)
-    except Exception as exc:  # the stop still goes out: whoever reports is waited for until the timeout
-        _say(f"serve-app: could not find the Ingress replicas ({exc!r})")
-        replicas = 1
-    try:
-        ray.get(signal_actor.stop.remote(timeout_s))
-        drained = ray.get(signal_actor.reports.remote(replicas, timeout_s + 10))
-        if isinstance(replicas, int):
-            done, expected = len(drained), replicas
-        else:
-            done, expected = len(replicas & drained.keys()), len(replicas)
-        _say(f"serve-app: drained {done} of {expected} Ingress replica(s): {drained}")
-    except Exception as exc:  # a failed drain must not prevent the shutdown
-        _say(f"serve-app: could not drain ({exc!r}); stopping anyway")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -188,7 +145,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _serve(ns: argparse.Namespace) -> int:
     import ray
-    from ray import serve
     from ray.serve.schema import HTTPOptionsSchema
 
     from serve_app import drain_signal
@@ -228,11 +184,14 @@ def _serve(ns: argparse.Namespace) -> int:
     _record_for_make_status(port, ray.get_runtime_context().gcs_address)
     try:
         try:
+            if joining and (others := _other_apps(app_names)):
+                raise RuntimeError(f"the cluster already serves {', '.join(others)}, which deploying this config would "
+                                   "delete (a Serve config is the whole set of applications): serve them together")
             _deploy(config)
         except Exception as exc:  # noqa: BLE001 - Serve's start or the submission failed: nothing to drain
             _say(f"serve-app: could not deploy {ns.config}: {exc!r}")
             try:  # what did start (a joined cluster keeps detached actors otherwise)
-                serve.shutdown()
+                _stop_serve(joining, app_names)
             except Exception as cleanup:  # noqa: BLE001
                 _say(f"serve-app: and could not shut Serve down: {cleanup!r}")
             return 1
@@ -240,13 +199,31 @@ def _serve(ns: argparse.Namespace) -> int:
         while not stop.wait(0.5):  # (a bounded wait: the signal handlers run between the waits)
             pass
         _say("serve-app: stopping: draining in-flight requests first")
-        _drain(signal_actor, app_names, ns.drain_timeout_s)
-        serve.shutdown()
+        drain_signal.drain(signal_actor, app_names, ns.drain_timeout_s, _say)
+        _stop_serve(joining, app_names)
     finally:
         status.remove_record(port)
         ray.shutdown()
     _say("serve-app: stopped")
     return 0
+
+
+def _other_apps(app_names: list[str]) -> list[str]:
+    """The applications a joined cluster serves that the config does not name."""
+    from ray import serve
+
+    return sorted(set(serve.status().applications) - set(app_names))
+
+
+def _stop_serve(joining: bool, app_names: list[str]) -> None:
+    """Serve stopped as far as it is this launcher's: all of it on its own Ray instance; on a joined cluster only
+    the config's applications (serve.shutdown would delete every application there, other users' too)."""
+    from ray import serve
+
+    if not joining:
+        return serve.shutdown()
+    for name in app_names:
+        serve.delete(name)
 
 
 def _record_for_make_status(port: int, gcs_address: str) -> None:

@@ -127,7 +127,7 @@ def test_the_launcher_waits_for_the_ingress_replicas_alive_at_the_stop_by_id(mon
     busy one), and another application's deployments are none of its business."""
     import ray
 
-    import serve_app.run as run
+    from serve_app import drain_signal
 
     names = ["SERVE_REPLICA::serve-app#Ingress#a1", "SERVE_REPLICA::serve-app#Ingress#b2",
              "SERVE_REPLICA::serve-app#Translator#c3", "SERVE_REPLICA::other#Ingress#d4", "SERVE_CONTROLLER_ACTOR"]
@@ -135,7 +135,7 @@ def test_the_launcher_waits_for_the_ingress_replicas_alive_at_the_stop_by_id(mon
                         lambda all_namespaces=False: [{"name": n, "namespace": "serve"} for n in names])
     monkeypatch.setattr(ray, "get", lambda value: value)
     sent: list = []
-    run._drain(_fake_actor(sent, {"a1": {}, "b2": {}, "new": {}}), ["serve-app"], 5.0)
+    drain_signal.drain(_fake_actor(sent, {"a1": {}, "b2": {}, "new": {}}), ["serve-app"], 5.0)
     assert sent == [("stop", (5.0,)), ("reports", ({"a1", "b2"}, 15.0))]
     assert "drained 2 of 2 Ingress replica(s)" in capsys.readouterr().out
 
@@ -146,7 +146,7 @@ def test_without_replica_names_the_stop_counts_running_replicas_and_skips_an_app
     import ray
     from ray import serve
 
-    import serve_app.run as run
+    from serve_app import drain_signal
 
     def unreadable(all_namespaces=False):
         raise RuntimeError("no names")
@@ -158,7 +158,7 @@ def test_without_replica_names_the_stop_counts_running_replicas_and_skips_an_app
     monkeypatch.setattr(serve, "status", lambda: SimpleNamespace(applications=apps))
     monkeypatch.setattr(ray, "get", lambda value: value)
     sent: list = []
-    run._drain(_fake_actor(sent, {"a": {}, "b": {}}), ["serve-app", "other"], 5.0)
+    drain_signal.drain(_fake_actor(sent, {"a": {}, "b": {}}), ["serve-app", "other"], 5.0)
     assert sent == [("stop", (5.0,)), ("reports", (2, 15.0))]
 
 

@@ -58,3 +58,57 @@ def test_a_taken_port_is_refused_before_ray_starts_naming_it(monkeypatch, tmp_pa
         assert run._serve(ns) == 1
     err = capsys.readouterr().err
     assert f"port {port} on 127.0.0.1 is in use" in err and "make run PORT=" in err
+
+
+
+def _joined(monkeypatch, served: dict, deployed: list):
+    """The launcher on a joined cluster whose Serve already serves `served`, with Ray faked; its calls."""
+    import argparse
+    import signal
+    import threading
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    import ray
+    from ray import serve
+
+    import serve_app.run as run
+    from serve_app import drain_signal, status
+
+    calls: list = []
+    monkeypatch.setattr(ray, "init", lambda *a, **kw: calls.append(("ray.init", kw.get("address"))))
+    monkeypatch.setattr(ray, "shutdown", lambda: calls.append("ray.shutdown"))
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: argparse.Namespace(gcs_address="198.18.0.1:6379"))
+    monkeypatch.setattr(serve, "status", lambda: SimpleNamespace(applications=served))
+    monkeypatch.setattr(serve, "shutdown", lambda: calls.append("serve.shutdown"))
+    monkeypatch.setattr(serve, "delete", lambda name, *a, **kw: calls.append(("serve.delete", name)))
+    monkeypatch.setattr(drain_signal, "create", lambda: "signal")
+    monkeypatch.setattr(drain_signal, "drain", lambda *a, **kw: calls.append("drained"))
+    monkeypatch.setattr(status, "write_record", lambda port, address: None)
+    monkeypatch.setattr(status, "remove_record", lambda port: None)
+    monkeypatch.setattr(signal, "signal", lambda *a: None)
+    stopped = threading.Event()
+    stopped.set()  # the stop has come: the launcher drains and stops at once
+    monkeypatch.setattr(run.threading, "Event", lambda: stopped)
+    monkeypatch.setattr(run, "_deploy", lambda config: deployed.append(config))
+    config = Path(__file__).resolve().parents[2] / "serve_config.placed.yaml"
+    ns = argparse.Namespace(config=str(config), address="198.18.0.1:6379", dashboard=False, drain_timeout_s=1.0)
+    return run._serve(ns), calls
+
+
+def test_on_a_joined_cluster_other_applications_are_neither_replaced_nor_deleted(monkeypatch, capsys):
+    """A Serve config is the whole set of applications: deploying serve-app's on a cluster that serves
+    another team's app would delete theirs, and `serve.shutdown` at the stop would delete everything."""
+    deployed: list = []
+    code, calls = _joined(monkeypatch, {"their-app": object()}, deployed)
+    assert code == 1 and deployed == []
+    assert "serve.shutdown" not in calls and ("serve.delete", "their-app") not in calls
+    assert "the cluster already serves their-app" in capsys.readouterr().out
+
+
+def test_on_a_joined_cluster_the_stop_deletes_only_the_config_s_applications(monkeypatch):
+    deployed: list = []
+    code, calls = _joined(monkeypatch, {"serve-app": object()}, deployed)  # its own, from an earlier run
+    assert code == 0 and len(deployed) == 1
+    assert calls[-3:] == ["drained", ("serve.delete", "serve-app"), "ray.shutdown"]
+    assert "serve.shutdown" not in calls
