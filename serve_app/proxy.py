@@ -21,16 +21,20 @@ before `ray.init` and never overwrite a variable the user set.
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import random
 import shutil
 import socket
+import stat
 import tempfile
 from pathlib import Path
 from typing import IO, Mapping, Optional
 
 from .proxy_shedding import FASTINTER_VARIABLE, ProxyShedding
 from .status import read_record
+
+logger = logging.getLogger("serve_app")
 
 #: Values of `--proxy` / SERVE_APP_PROXY.
 PROXY_CHOICES = ("auto", "haproxy", "python")
@@ -174,16 +178,32 @@ def free_port() -> int:
     raise RuntimeError(f"no free port in {FALLBACK_PORTS.start}-{FALLBACK_PORTS.stop - 1} after 200 tries")
 
 
+def _claims_usable() -> bool:
+    """Whether PORT_CLAIMS_DIR (made 0700 if missing) is a folder only this user may write in. Its name is
+    predictable: another local user could make it first, and every claim of this user's would then fail."""
+    try:
+        PORT_CLAIMS_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = PORT_CLAIMS_DIR.lstat()
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & 0o022
+
+
 def _port_for(environ: Mapping[str, str], name: str, default: int) -> dict[str, str]:
-    """Ray's default port when it is free and unclaimed, else a free port; claimed either way."""
+    """Ray's default port when it is free and unclaimed, else a free port; claimed either way, unless the
+    claims' folder is not this user's alone (then a free port, as binding finds it, unclaimed)."""
     if name in environ:
         return {}
+    claims = _claims_usable()
+    if not claims:
+        logger.warning("%s is not a folder of this user's alone: %s is chosen without a claim", PORT_CLAIMS_DIR, name)
     port = default
     for _ in range(100):
         if _port_free(port):
-            claim = claim_port(port)
+            claim = claim_port(port) if claims else None
             if claim is not None:
                 _HELD_CLAIMS.append(claim)
+            if claim is not None or not claims:
                 return {} if port == default else {name: str(port)}
         port = free_port()
     raise RuntimeError(f"found no free, unclaimed port for {name} in 100 tries ({PORT_CLAIMS_DIR})")

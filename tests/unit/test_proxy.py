@@ -184,6 +184,19 @@ def test_a_claim_file_this_user_cannot_open_is_a_port_not_claimed(tmp_path, monk
     claim.close()
 
 
+def test_a_claims_folder_another_user_made_first_costs_the_claims_not_the_start(tmp_path, monkeypatch, caplog):
+    """The folder's name is predictable: another local user making it first (here: writable by all) made
+    every claim fail, and after 100 tries the launcher died with a traceback. Now the ports are chosen by
+    binding alone, with a warning."""
+    folder = tmp_path / "claims"
+    monkeypatch.setattr(proxy, "PORT_CLAIMS_DIR", folder)
+    folder.mkdir()
+    folder.chmod(0o777)
+    added = proxy._port_for({}, "RAY_SERVE_HAPROXY_STATS_PORT", proxy.free_port())
+    assert added == {} and not list(folder.iterdir())
+    assert "not a folder of this user's alone" in caplog.text
+
+
 def test_the_retry_policy_renders_into_rays_haproxy_config_and_haproxy_accepts_it(tmp_path):
     """RAY_SERVE_HAPROXY_RETRY_ON carries `option http-buffer-request` on a second line: Ray's own
     template must still render it into the `defaults` section, and HAProxy must accept the result."""
