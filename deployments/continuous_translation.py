@@ -91,10 +91,12 @@ class ContinuousTranslation:
         at the next step."""
         replica, records = self.replica, len(chunk.texts)
         replica._loop = asyncio.get_running_loop()
-        replica._stats["enqueued"] += records
-        replica.metrics.count_enqueued(records)
         priority = Priority.BACKGROUND if background else Priority.INTERACTIVE
         future = self.scheduler.submit(chunk.texts, chunk.source, chunk.target, priority)
+        # Counted once taken (submit refuses a call it cannot take: a stopped thread, an unsupported pair), so
+        # that enqueued = computed + cancelled; before the step's bookkeeping, which runs on this loop.
+        replica._stats["enqueued"] += records
+        replica.metrics.count_enqueued(records)
         try:
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:
@@ -161,7 +163,7 @@ class ContinuousTranslation:
                 on.running.observe(outcome.running, tags=self._tags)
                 on.step_seconds.observe(outcome.seconds, tags=self._tags)
             on.joins.observe(outcome.joined, tags=self._tags)
-            replica.metrics.count_computed(outcome.finished)
+        replica.metrics.count_computed(outcome.finished)
 
 
 __all__ = ["ContinuousTranslation"]

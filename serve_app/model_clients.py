@@ -144,8 +144,10 @@ class HandleClient:
         - Failed: when a node is lost, Serve re-routes the calls that were on its replicas by itself
           (the caller sees no error), and on a CPU-starved cluster some were held 10+ s before the
           survivors answered them. So a call still waiting when another call through this client
-          fails on a dead or unreachable replica waits at most `retry_timeout_s` more.
-        Calls that are merely slow once taken are never cut."""
+          fails on a dead or unreachable replica waits at most `retry_timeout_s` more. That includes a call a
+          healthy replica is computing: this client cannot tell it from one Serve holds to re-route, so a long
+          call (a paragraph of many seconds) may get 503 + Retry-After when another replica of its model dies.
+        Without a failure, calls that are merely slow once taken are never cut."""
         if self._replica_failed is None:
             self._replica_failed = asyncio.get_running_loop().create_future()
         failed = self._replica_failed

@@ -156,7 +156,9 @@ def test_a_stopped_decoding_thread_fails_the_health_check_at_once(continuous_tra
     _until(loop, lambda: replica.health.failures_in_a_row > 1)
     with pytest.raises(RuntimeError, match="model calls failed"):
         replica.check_health()
+    enqueued = replica.stats()["enqueued"]
     assert "continuous decoding stopped" in str(_translate_fails(replica, loop, ["Hello."]))  # refused at once
+    assert replica.stats()["enqueued"] == enqueued  # a refused call is not counted as enqueued
 
 
 def test_a_failed_step_sets_the_cached_tokens_gauge_to_what_the_caches_hold():
