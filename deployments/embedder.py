@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import Future
+from typing import Union
 
 import numpy as np
 from ray import serve
@@ -11,6 +12,7 @@ from ray import serve
 from .backends.embedding import load_embedder
 from .batch_config import EMBEDDER_BATCH, model_deployment_options
 from .batching import count_records
+from .errors import describe_exception
 from .replica import ModelReplica, cpu_share, threads_for_share
 from .settings import EmbeddingSettings
 
@@ -42,16 +44,32 @@ class Embedder(ModelReplica):
         vectors = np.concatenate([v for (v, _), _ in results]) if len(results) > 1 else results[0][0][0]
         return vectors, [t for (_, tokens), _ in results for t in tokens], max(b for _, b in results)
 
-    def _embed_items(self, items: list[list[str]]) -> list[tuple[np.ndarray, list[int]]]:
-        """On the model thread: one batch of calls; each call's vectors and token counts."""
-        vectors, tokens = self.model.embed([text for item in items for text in item],
-                                           max_batch_tokens=self.batch_config.max_batch_tokens)
+    def _embed_items(self, items: list[list[str]]) -> list[Union[tuple[np.ndarray, list[int]], Exception]]:
+        """On the model thread: one batch of calls; each call's vectors and token counts. A batch of several
+        calls that raises is run again call by call, so that a call's failure stays its own (as the
+        Translator's, deployments/batching.run_grouped): each then gets its vectors or its exception."""
+        try:
+            vectors, tokens = self.model.embed([text for item in items for text in item],
+                                               max_batch_tokens=self.batch_config.max_batch_tokens)
+        except Exception as exc:
+            if len(items) == 1:
+                raise
+            # The class and place, not the message: it may quote the inputs (deployments/errors.py).
+            logger.warning("an embedding batch of %d calls raised %s; running each call alone", len(items),
+                           describe_exception(exc))
+            return [self._embed_alone(item) for item in items]
         out, offset = [], 0
         for item in items:
             n = len(item)
             out.append((vectors[offset:offset + n], tokens[offset:offset + n]))
             offset += n
         return out
+
+    def _embed_alone(self, item: list[str]) -> Union[tuple[np.ndarray, list[int]], Exception]:
+        try:
+            return self.model.embed(item, max_batch_tokens=self.batch_config.max_batch_tokens)
+        except Exception as exc:  # noqa: BLE001 - this call's own failure, handed to its caller
+            return exc
 
     # Interactive and job inputs enter separately; the model queue joins what waits into the next
     # batch and runs interactive batches first.

@@ -152,6 +152,24 @@ def test_embedder_batches_requests_and_slices_results_back(loop):
     assert replica.info()["dimensions"] == 384
 
 
+def test_an_embedding_batch_that_raises_is_run_again_call_by_call():
+    """One call's bad input fails that call only, not every call the model queue joined to it."""
+    replica = EmbedderClass(EmbeddingSettings(num_threads=1).model_dump())
+    embed = replica.model.embed
+
+    def poisoned(texts, **kwargs):
+        if "poison" in texts:
+            raise RuntimeError("bad input")
+        return embed(texts, **kwargs)
+
+    replica.model.embed = poisoned
+    first, bad, other = replica._embed_items([["a"], ["poison"], ["b", "c"]])
+    assert first[0].shape == (1, 384) and isinstance(bad, RuntimeError) and other[0].shape == (2, 384)
+    assert first[1] == embed(["a"])[1]
+    with pytest.raises(RuntimeError, match="bad input"):  # a lone call's error is raised, as before
+        replica._embed_items([["poison"]])
+
+
 def test_the_embedder_cuts_a_batch_into_passes_of_max_batch_tokens(loop):
     replica = EmbedderClass(EmbeddingSettings(num_threads=1).model_dump())
     passes, model_pass = [], replica.model._vectors
