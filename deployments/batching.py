@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from typing import Awaitable, Callable, Hashable, NamedTuple, Sequence, TypeVar, Union
+from typing import Any, Awaitable, Callable, Hashable, NamedTuple, Sequence, TypeVar, Union
 
 from .errors import describe_exception
 
@@ -47,6 +47,35 @@ async def gather_or_cancel(*calls: Awaitable[R]) -> list[R]:
         for task in tasks:
             task.cancel()
         raise
+
+
+def run_joined(items: Sequence[Sequence], run: Callable[[list], Any], cut: Callable[[Any, int, int], Any],
+               what: str) -> list:
+    """On a model thread: one `run` over every call's inputs joined, each call's share cut out of its result
+    (`cut(result, start, stop)`). A batch of several calls that raises is run again call by call, so that a
+    call's failure stays its own: each gets its result or its exception (as a value, what `ModelQueue` hands
+    each caller). A lone call's error is raised."""
+    try:
+        result = run([x for item in items for x in item])
+    except Exception as exc:
+        if len(items) == 1:
+            raise
+        # The class and place, not the message: it may quote the inputs (deployments/errors.py).
+        logger.warning("%s: a batch of %d calls raised %s; running each call alone", what, len(items),
+                       describe_exception(exc))
+        return [_run_call(run, list(item)) for item in items]
+    out, offset = [], 0
+    for item in items:
+        out.append(cut(result, offset, offset + len(item)))
+        offset += len(item)
+    return out
+
+
+def _run_call(run: Callable[[list], Any], inputs: list) -> Any:
+    try:
+        return run(inputs)
+    except Exception as exc:  # noqa: BLE001 - this call's own failure, handed to its caller
+        return exc
 
 
 def split(records: Sequence[R], size: int) -> list[list[R]]:

@@ -21,8 +21,8 @@ from pydantic import BaseModel
 from ray import serve
 
 from .batch_config import CUSTOM_MODEL_BATCH, model_deployment_options
-from .batching import count_records
-from .errors import ModelContractError, describe_exception
+from .batching import count_records, run_joined
+from .errors import ModelContractError
 from .model_module import deployment_name, import_model_module
 from .replica import ModelReplica
 from .settings import CustomModelSpec
@@ -82,27 +82,9 @@ class CustomModel(ModelReplica):
     def _predict_items(self, items: list[list[BaseModel]]) -> list[Any]:
         """On the model thread: one `predict` over every call's inputs; each call gets its slice.
         If the joined batch raises, each call is re-run alone and gets its outputs or its own
-        exception (the batch counts as failed for check_health only if every call failed)."""
-        try:
-            outputs = self._predict([x for item in items for x in item])
-        except Exception as exc:
-            if len(items) == 1:
-                raise
-            # The class and place, not the message: it may quote the inputs (deployments/errors.py).
-            logger.warning("%s: a batch of %d calls raised %s; running each call alone", self.deployment_name,
-                           len(items), describe_exception(exc))
-            return [self._predict_alone(item) for item in items]
-        results, offset = [], 0
-        for item in items:
-            results.append(outputs[offset:offset + len(item)])
-            offset += len(item)
-        return results
-
-    def _predict_alone(self, item: list[BaseModel]) -> Any:
-        try:
-            return self._predict(item)
-        except Exception as exc:
-            return exc
+        exception (deployments/batching.run_joined; the batch counts as failed for check_health only if
+        every call failed)."""
+        return run_joined(items, self._predict, lambda outputs, start, stop: outputs[start:stop], self.deployment_name)
 
     def _predict(self, inputs: list[BaseModel]) -> list[dict]:
         """Runs on the model thread: the user's predict, its outputs checked and made JSON-ready."""

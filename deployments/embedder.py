@@ -11,8 +11,7 @@ from ray import serve
 
 from .backends.embedding import load_embedder
 from .batch_config import EMBEDDER_BATCH, model_deployment_options
-from .batching import count_records
-from .errors import describe_exception
+from .batching import count_records, run_joined
 from .replica import ModelReplica, cpu_share, threads_for_share
 from .settings import EmbeddingSettings
 
@@ -45,31 +44,13 @@ class Embedder(ModelReplica):
         return vectors, [t for (_, tokens), _ in results for t in tokens], max(b for _, b in results)
 
     def _embed_items(self, items: list[list[str]]) -> list[Union[tuple[np.ndarray, list[int]], Exception]]:
-        """On the model thread: one batch of calls; each call's vectors and token counts. A batch of several
-        calls that raises is run again call by call, so that a call's failure stays its own (as the
-        Translator's, deployments/batching.run_grouped): each then gets its vectors or its exception."""
-        try:
-            vectors, tokens = self.model.embed([text for item in items for text in item],
-                                               max_batch_tokens=self.batch_config.max_batch_tokens)
-        except Exception as exc:
-            if len(items) == 1:
-                raise
-            # The class and place, not the message: it may quote the inputs (deployments/errors.py).
-            logger.warning("an embedding batch of %d calls raised %s; running each call alone", len(items),
-                           describe_exception(exc))
-            return [self._embed_alone(item) for item in items]
-        out, offset = [], 0
-        for item in items:
-            n = len(item)
-            out.append((vectors[offset:offset + n], tokens[offset:offset + n]))
-            offset += n
-        return out
+        """On the model thread: one batch of calls; each call's vectors and token counts, or (the batch
+        raised, and so did the call alone) its exception (deployments/batching.run_joined)."""
+        def embed(texts: list[str]) -> tuple[np.ndarray, list[int]]:
+            return self.model.embed(texts, max_batch_tokens=self.batch_config.max_batch_tokens)
 
-    def _embed_alone(self, item: list[str]) -> Union[tuple[np.ndarray, list[int]], Exception]:
-        try:
-            return self.model.embed(item, max_batch_tokens=self.batch_config.max_batch_tokens)
-        except Exception as exc:  # noqa: BLE001 - this call's own failure, handed to its caller
-            return exc
+        return run_joined(items, embed, lambda result, start, stop: (result[0][start:stop], result[1][start:stop]),
+                          self.deployment_name)
 
     # Interactive and job inputs enter separately; the model queue joins what waits into the next
     # batch and runs interactive batches first.

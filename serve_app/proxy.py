@@ -26,13 +26,12 @@ import os
 import random
 import shutil
 import socket
-import stat
 import tempfile
 from pathlib import Path
 from typing import IO, Mapping, Optional
 
 from .proxy_shedding import FASTINTER_VARIABLE, ProxyShedding
-from .status import read_record
+from .status import own_folder, read_record
 
 logger = logging.getLogger("serve_app")
 
@@ -182,11 +181,9 @@ def _claims_usable() -> bool:
     """Whether PORT_CLAIMS_DIR (made 0700 if missing) is a folder only this user may write in. Its name is
     predictable: another local user could make it first, and every claim of this user's would then fail."""
     try:
-        PORT_CLAIMS_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
-        info = PORT_CLAIMS_DIR.lstat()
+        return own_folder(PORT_CLAIMS_DIR)
     except OSError:
         return False
-    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & 0o022
 
 
 def _port_for(environ: Mapping[str, str], name: str, default: int) -> dict[str, str]:
@@ -203,7 +200,7 @@ def _port_for(environ: Mapping[str, str], name: str, default: int) -> dict[str, 
             claim = claim_port(port) if claims else None
             if claim is not None:
                 _HELD_CLAIMS.append(claim)
-            if claim is not None or not claims:
+            if claim is not None or not claims:  # claimed, or claims are off: binding found it free
                 return {} if port == default else {name: str(port)}
         port = free_port()
     raise RuntimeError(f"found no free, unclaimed port for {name} in 100 tries ({PORT_CLAIMS_DIR})")

@@ -38,15 +38,23 @@ def _uid() -> Optional[int]:
     return os.getuid() if hasattr(os, "getuid") else None
 
 
+def own_folder(folder: Path, others: int = 0o022) -> bool:
+    """Make `folder` (0700) if it is missing; whether it is a folder, not a link, of this user's with none of
+    the mode bits `others` set (0o022: nobody else may write in it). A folder under a predictable name in a
+    shared /tmp may have been made first by another local user."""
+    uid = _uid()
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = folder.lstat()
+    return stat.S_ISDIR(info.st_mode) and (uid is None or (info.st_uid == uid and not info.st_mode & others))
+
+
 def records_dir() -> Path:
     """This user's folder of launcher records (created 0700). Another user could otherwise plant a record
     that sends `make status`, with this user's Ray token, to a Ray instance of theirs."""
     uid = _uid()
     folder = Path(tempfile.gettempdir()) / f"serve-app-{'user' if uid is None else uid}"
-    folder.mkdir(mode=0o700, exist_ok=True)
-    info = folder.lstat()
-    if not stat.S_ISDIR(info.st_mode) or (uid is not None and (info.st_uid != uid or info.st_mode & 0o077)):
-        raise RecordError(f"{folder} is not a folder of this user's alone (mode {oct(info.st_mode & 0o777)})")
+    if not own_folder(folder, others=0o077):
+        raise RecordError(f"{folder} is not a folder of this user's alone (mode {oct(folder.lstat().st_mode & 0o777)})")
     return folder
 
 

@@ -16,10 +16,11 @@ import re
 import shutil
 import signal
 import socket
-import stat
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from serve_app.status import own_folder
 
 from .cpu import remove_tree, stale_groups
 
@@ -42,9 +43,8 @@ OUR_NAME = re.compile(r"sa\d+(n\d+|v\d+|br)")
 def state_dir() -> Path:
     """STATE_DIR (made 0700 if missing), refused unless only this user may write in it: its records name the
     namespaces, links and processes that cleanup_stale, run as root, removes and kills."""
-    STATE_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
-    info = STATE_DIR.lstat()
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
+    if not own_folder(STATE_DIR):
+        info = STATE_DIR.lstat()
         raise NetnsError(f"{STATE_DIR} is not a folder only this user may write in (mode "
                          f"{oct(info.st_mode & 0o777)}, owner uid {info.st_uid}): remove it and start again")
     return STATE_DIR

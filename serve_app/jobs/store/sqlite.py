@@ -52,6 +52,8 @@ _COLUMNS = ("id", "owner", "task", "status", "records_total", "records_done", "c
             "started_at", "finished_at", "expires_at", "error", "key", "body_hash", "reserved_bytes", "used_bytes")
 _SELECT = f"SELECT {', '.join(_COLUMNS)} FROM jobs"
 _UNFINISHED = "('queued', 'running')"
+#: the results the store holds, as counted against jobs.max_total_result_bytes (reserved, or stored where more)
+_RESULT_BYTES = "SELECT COALESCE(SUM(reserved_bytes), 0) FROM jobs"
 
 
 def _record(row: tuple) -> JobRecord:
@@ -202,8 +204,7 @@ class SqliteJobStore(JobStore):
             used, grows = row[0] + len(data), max(0, row[0] + len(data) - row[1])
             if used > limits.max_job_result_bytes:
                 raise limits.outgrown("job")
-            if grows and db.execute("SELECT COALESCE(SUM(reserved_bytes), 0) FROM jobs").fetchone()[0] + grows \
-                    > limits.max_total_result_bytes:
+            if grows and db.execute(_RESULT_BYTES).fetchone()[0] + grows > limits.max_total_result_bytes:
                 raise limits.outgrown("bytes")
             added = db.execute("INSERT OR IGNORE INTO chunks (job_id, idx, records, meta, data) VALUES (?, ?, ?, ?, ?)",
                                (job_id, index, records, json.dumps(meta), data)).rowcount
@@ -267,7 +268,7 @@ class SqliteJobStore(JobStore):
             counts = {state: 0 for state in STATES}
             counts.update(db.execute("SELECT status, COUNT(*) FROM jobs WHERE expires_at IS NULL OR expires_at > ? "
                                      "GROUP BY status", (now,)).fetchall())
-            counts["result_bytes"] = db.execute("SELECT COALESCE(SUM(reserved_bytes), 0) FROM jobs").fetchone()[0]
+            counts["result_bytes"] = db.execute(_RESULT_BYTES).fetchone()[0]
             return counts
 
         return await self._run(count)
