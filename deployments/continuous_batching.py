@@ -61,12 +61,12 @@ class StepOutcome:
 class _Call:
     """One submitted call: its sequences' outputs and the future its caller awaits."""
 
-    __slots__ = ("future", "outputs", "cut", "left", "priority", "batch", "records")
+    __slots__ = ("future", "outputs", "requests", "left", "priority", "batch", "records")
 
     def __init__(self, records: int, priority: int):
         self.future: Future = Future()
         self.outputs: list = [None] * records
-        self.cut = [False] * records  # outputs the model cut short (segments.py)
+        self.requests: list = [None] * records  # each finished sequence's DecodeRequest: was it cut short?
         self.left = self.records = records
         self.priority = priority
         self.batch = 0  # largest running batch one of its sequences was decoded in
@@ -94,8 +94,7 @@ class ContinuousScheduler:
         if captured := self.decoder.warm_up(columns=max_new_tokens + 1, source=source):
             logger.info("continuous decoding: %d CUDA graphs captured in %.1f s", captured, time.perf_counter() - began)
         self._check_length(max_new_tokens, "max_new_tokens")
-        self.max_running_sequences = int(max_running_sequences)
-        self.max_cached_tokens = max_cached_tokens
+        self.max_running_sequences, self.max_cached_tokens = int(max_running_sequences), max_cached_tokens
         self.join_interval_steps = int(join_interval_steps)
         self._steps_since_join, self.iteration_began = 0, time.monotonic()  # (the latter: for health checks)
         #: most job (background) sequences in the running batch; None: no cap of their own
@@ -207,7 +206,7 @@ class ContinuousScheduler:
                     joining = self._admit() if rebuild else []
                 self._steps_since_join = 0 if rebuild else self._steps_since_join + 1
                 self._iterate(joining, rebuild)
-        except Exception as exc:  # noqa: BLE001 - outside a step's own handling: no call would ever be answered
+        except BaseException as exc:  # noqa: BLE001 - outside a step's own handling: no call would ever be answered
             logger.exception("continuous decoding stopped: this replica decodes nothing more")
             with self._cond:  # then `submit` refuses calls
                 self._closed, self._broken = True, BackendError(
@@ -242,8 +241,7 @@ class ContinuousScheduler:
         by_priority: dict[int, int] = {}
         for request, ids in finished:
             call, index = request.tag
-            call.outputs[index] = ids
-            call.cut[index] = self.backend.is_cut(len(request.input_ids), ids, request.max_new_tokens, request.min_new_tokens)
+            call.outputs[index], call.requests[index] = ids, request
             call.left -= 1
             by_priority[call.priority] = by_priority.get(call.priority, 0) + 1
             if call.left == 0:
@@ -255,8 +253,10 @@ class ContinuousScheduler:
                                  time.thread_time() - cpu_start, self.decoder.cached_tokens(), dropped))
 
     def _answer(self, call: _Call) -> None:
-        try:
-            result = (mark_cut(self.backend.decode_rows(call.outputs), call.cut), call.batch)
+        try:  # each output marked if the model cut it short (segments.py)
+            cut = [self.backend.is_cut(len(r.input_ids), ids, r.max_new_tokens, r.min_new_tokens)
+                   for r, ids in zip(call.requests, call.outputs)]
+            result = (mark_cut(self.backend.decode_rows(call.outputs), cut), call.batch)
         except Exception as exc:  # noqa: BLE001
             result = exc
         _settle(call.future, result)

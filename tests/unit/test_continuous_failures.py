@@ -211,3 +211,40 @@ def test_a_decoding_step_that_never_returns_fails_the_health_check(continuous_tr
     finally:
         release.set()
     call.result(timeout=30)
+
+
+def test_an_error_marking_one_finished_sentence_fails_its_call_only(scheduler_for):
+    """Bookkeeping of a finished sentence (was it cut short?) raising fails that sentence's call, not the
+    decoding thread and every other caller with it."""
+    scheduler, backend = scheduler_for()
+    is_cut, doomed_ids = backend.is_cut, backend.encode_texts(["Hello."], "en")[0]
+
+    def fails_for_one(input_length, ids, max_new_tokens, min_new_tokens):
+        if input_length == len(doomed_ids):
+            raise ValueError("bad output")
+        return is_cut(input_length, ids, max_new_tokens, min_new_tokens)
+
+    backend.is_cut = fails_for_one
+    with scheduler._cond:  # decoded in one batch
+        doomed = scheduler.submit(["Hello."], "en", "de")
+        other = scheduler.submit(["Where is the train station?"], "en", "de")
+    assert isinstance(_outcome(doomed), ValueError)
+    assert _outcome(other) is None and scheduler._thread.is_alive()
+    del backend.is_cut
+    assert other.result()[0] == backend.translate(["Where is the train station?"], "en", "de")
+
+
+def test_a_base_exception_in_the_decoding_thread_answers_every_caller(scheduler_for):
+    """A SystemExit (or KeyboardInterrupt) passes a step's own `except Exception`: it stops the thread like any
+    error outside a step, and its callers are answered instead of waiting until their deadlines."""
+    scheduler, _ = scheduler_for()
+
+    def exits(**kwargs):
+        raise SystemExit(3)
+
+    scheduler.decoder.step = exits
+    error = _outcome(scheduler.submit(["Hello."], "en", "de"))
+    assert isinstance(error, BackendError) and "SystemExit" in str(error)
+    scheduler._thread.join(10)
+    with pytest.raises(BackendError, match="continuous decoding stopped"):
+        scheduler.submit(["Hello."], "en", "de")
