@@ -154,6 +154,9 @@ class JobRecord:
     reserved_bytes: int = 0
     #: result bytes stored so far
     used_bytes: int = 0
+    #: the Ray cluster whose JobManager runs it (the one it was submitted to, until that cluster is gone:
+    #: `JobStore.adopt`); "" when the cluster has no name (RAY_CLUSTER_NAME, which KubeRay sets)
+    cluster: str = ""
 
     @property
     def finished(self) -> bool:

@@ -6,6 +6,11 @@ they progress: a restart of this replica (crash, SIGKILL, node loss with Redis) 
 loses no job. The new replica takes the store's lease and resumes every queued or running job after
 its last stored chunk (serve_app/jobs/runner.py); finished jobs stay readable until they expire.
 
+Jobs are stamped with the Ray cluster they were submitted to: `RAY_CLUSTER_NAME`, which KubeRay sets in
+every pod of a RayCluster. During a RayService's blue/green upgrade both clusters share the Redis store;
+each JobManager runs its own cluster's jobs (never the old code the new cluster's), and the new one adopts
+the old one's unfinished jobs once the old cluster is gone.
+
 It computes each job through the same `Service` as the HTTP routes (same validation, chunking and
 model calls), with the job limits (`jobs.*`) and every model call marked `background`: the model
 replicas compute job records only when no interactive request waits.
@@ -14,6 +19,7 @@ replicas compute job records only when no interactive request waits.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any, Optional
 
 from ray import serve
@@ -27,6 +33,10 @@ from .job import ANONYMOUS
 from .runner import JobRunner
 
 logger = logging.getLogger("ray.serve")
+
+#: the Ray cluster's name, which KubeRay sets in every pod of a RayCluster (the new cluster of a blue/green
+#: upgrade has a new one); unset elsewhere: one unnamed cluster
+CLUSTER_NAME_ENV = "RAY_CLUSTER_NAME"
 
 
 @serve.deployment(
@@ -57,12 +67,13 @@ class JobManager:
 
         chosen = model_clients(self.settings, translator, embedder, models, placed=via_ingress)
         clients = {"translation": chosen.translator, "embeddings": chosen.embedder, **chosen.models}
-        self.runner = JobRunner(self.settings, clients)
+        self.runner = JobRunner(self.settings, clients, cluster=os.environ.get(CLUSTER_NAME_ENV, ""))
         # Takes the store's lease and resumes the queued and running jobs of a previous replica.
         await self.runner.start()
         jobs = self.settings.jobs
-        logger.info("JobManager ready: store %s (%s), holding its lease: %s", jobs.store,
-                    jobs.redis_url if jobs.store == "redis" else jobs.store_path, self.runner.holding)
+        logger.info("JobManager ready: store %s (%s), cluster %r, holding its lease: %s", jobs.store,
+                    jobs.redis_url if jobs.store == "redis" else jobs.store_path, self.runner.store.cluster,
+                    self.runner.holding)
 
     # Every method is a coroutine: they run on the replica's event loop, with the job tasks.
     async def submit(self, task: str, payload: Any, request_id: Optional[str] = None, owner: str = ANONYMOUS,

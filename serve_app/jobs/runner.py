@@ -2,11 +2,12 @@
 in chunks (each stored as it completes) and reads them back, whole or a page at a time.
 
 The JobManager deployment (serve_app/jobs/manager.py) wraps one `JobRunner`; unit tests drive it
-with fake model clients and a real SQLite store. Only the holder of the store's lease computes
-jobs: on start (and whenever it takes the lease over) it resumes every queued or running job after its last
-stored chunk, so a restart recomputes at most the chunks that were in flight. Each maintenance tick also runs
-any unfinished job it has no task for: one whose submit was cancelled after its create was written, one whose
-store calls failed past retry.STORE_RETRY_S.
+with fake model clients and a real SQLite store. Only the holder of its cluster's lease computes that
+cluster's jobs: on start (and whenever it takes the lease over) it resumes every queued or running job after
+its last stored chunk, so a restart recomputes at most the chunks that were in flight. It adopts the jobs of
+a cluster gone from a shared store (the old one, after a blue/green upgrade) and resumes them the same way.
+Each maintenance tick also runs any unfinished job it has no task for: one whose submit was cancelled after
+its create was written, one whose store calls failed past retry.STORE_RETRY_S.
 """
 
 from __future__ import annotations
@@ -27,9 +28,8 @@ from ..settings import AppSettings
 from .job import (
     ANONYMOUS, IdempotencyKeyReused, JobFinished, JobNotFound, JobRecord, JobTooLarge, StoreLimits, UnsupportedTask,
     body_hash, job_settings, store_call, submission_key)
-from .results import (
-    DEFAULT_EMBEDDING_DIM, encode_chunk_of, estimate_bytes, json_bytes_per_record, page_bounds, page_of,
-    parse_submission, piece, records_of, render)
+from .reads import job_view
+from .results import DEFAULT_EMBEDDING_DIM, encode_chunk_of, estimate_bytes, parse_submission, piece, records_of
 from . import retry
 from .store import JobStore, open_store
 
@@ -43,9 +43,9 @@ EMBEDDER_INFO_TIMEOUT_S = 2.0
 
 class JobRunner:
     def __init__(self, settings: AppSettings, clients: dict[str, ModelClient], store: Optional[JobStore] = None,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, cluster: str = ""):  # the store opened here is `cluster`'s
         self.settings = settings
-        self.store = store if store is not None else open_store(settings)
+        self.store = store if store is not None else open_store(settings, cluster)
         self.limits = StoreLimits.of(settings)
         self._clock = clock
         self._tasks: dict[str, asyncio.Task] = {}
@@ -82,11 +82,17 @@ class JobRunner:
         await self.store.close()
 
     async def _take_over(self) -> None:
-        """Take the lease if free; while holding it, run every unfinished job without a task here (one
-        read: at most jobs.max_unfinished_jobs records). `holding` is set once that read succeeded."""
+        """Take the lease if free; while holding it, adopt the jobs of clusters gone, and run every unfinished
+        job of this cluster without a task here (at most jobs.max_unfinished_jobs records). `holding` is set
+        once that read succeeded."""
         if not self.holding and not await self.store.lease().acquire():
             return
-        resumed = sum(self._launch(record) for record in await self.store.unfinished())
+        records, mine = await self.store.unfinished(), self.store.cluster
+        for other in sorted({r.cluster for r in records} - {mine}):
+            if adopted := await self.store.adopt(other):
+                logger.warning("%d unfinished jobs of cluster %r adopted: its lease is free", adopted, other)
+                records = await self.store.unfinished()
+        resumed = sum(self._launch(r) for r in records if r.cluster == mine)
         if resumed or not self.holding:
             logger.info("job store lease held: %d queued or running jobs resumed", resumed)
         self.holding = True
@@ -125,7 +131,7 @@ class JobRunner:
                 f"{self.settings.jobs.max_job_result_bytes} (jobs.max_job_result_bytes): split it.")
         record = JobRecord(id=secrets.token_urlsafe(12), owner=owner, task=task, records_total=records_of(task, body),
                            chunk_records=self.settings.jobs.chunk_records, created_at=self._clock(), key=key,
-                           body_hash=digest, reserved_bytes=estimate)
+                           body_hash=digest, reserved_bytes=estimate, cluster=self.store.cluster)
         data = json.dumps(payload, separators=(",", ":")).encode()
         stored = await store_call(self.store.create(record, data, self.limits))
         if stored.id != record.id:  # the same key won a race with this submission
@@ -156,18 +162,16 @@ class JobRunner:
 
     async def _validate(self, task: str, payload: Any) -> BaseModel:
         service = self._validator
-        if task == "translation":
-            body = parse_submission(task, payload)
-            await service.validate_translation(body)
-        elif task == "embeddings":
-            body = parse_submission(task, payload)
-            service.validate_embeddings(body)
-        elif task in service.custom_models:
-            body = parse_submission(task, payload)
-            service.validate_predict(task, body.inputs)
-        else:
+        if task not in ("translation", "embeddings", *service.custom_models):
             tasks = ", ".join(repr(t) for t in ("translation", "embeddings", *sorted(service.custom_models)))
             raise UnsupportedTask(f"Unknown task {task!r}; tasks: {tasks}.")
+        body = parse_submission(task, payload)
+        if task == "translation":
+            await service.validate_translation(body)
+        elif task == "embeddings":
+            service.validate_embeddings(body)
+        else:
+            service.validate_predict(task, body.inputs)
         return body
 
     # -- compute -----------------------------------------------------------------------------
@@ -198,7 +202,7 @@ class JobRunner:
         (cancelled). Only the job's own errors fail it; the store's are raised (StoreUnreachable)."""
         try:
             if (data := await retry.store_write(lambda: self.store.payload(record.id))) is None:
-                return None  # finished meanwhile: its payload was dropped
+                return await self._payload_lost(record.id)
             body = parse_submission(record.task, json.loads(data))
             now = self._clock()
             await retry.store_write(lambda: self.store.start(record.id, now))
@@ -217,6 +221,16 @@ class JobRunner:
         except Exception as exc:  # never leave a job running forever
             logger.exception("job %s failed", record.id)
             return "failed", {"error": f"The job failed: {type(exc).__name__}.", "error_type": "internal_error"}
+
+    async def _payload_lost(self, job_id: str) -> Optional[tuple[str, dict]]:
+        """None when the job finished meanwhile (its payload is dropped then); else its payload was lost
+        (evicted by Redis past maxmemory, deleted by hand) and the job fails, not relaunched every tick."""
+        record = await retry.store_write(lambda: self.store.get(job_id))
+        if record is None or record.finished:
+            return None
+        logger.error("job %s: its payload is gone from the job store; the job fails", job_id)
+        return "failed", {"error": "The job's payload is gone from the job store (evicted or deleted); "
+                                   "submit the job again.", "error_type": "job_payload_lost"}
 
     async def _compute(self, record: JobRecord, body: BaseModel) -> bool:
         """Compute and store the missing chunks; False once the store refuses one (cancelled meanwhile)."""
@@ -264,20 +278,7 @@ class JobRunner:
         """The job's view; once succeeded with its result, whole when it is small (no paging asked)
         or else records [offset, offset + limit) with a `page` object (`next`: the next page)."""
         record = await self._owned(job_id, owner)
-        if record.status != "succeeded":
-            return record.view()
-        total, per = record.records_total, record.chunk_records
-        per_page = max(1, int(self.settings.jobs.max_page_bytes
-                              // json_bytes_per_record(record.task, record.used_bytes, total)))
-        whole, start, stop, limit = page_bounds(offset, limit, total, per_page)
-        metas = await store_call(self.store.chunk_metas(job_id))
-        indexes = list(range(start // per, (stop - 1) // per + 1)) if stop > start else []
-        chunks = await store_call(self.store.chunks(job_id, indexes))
-        if len(chunks) < len(indexes):  # expired and purged since its record was read
-            raise JobNotFound(f"No job {job_id!r}: it never existed or its result expired.")
-        tokens = sum(meta.get("tokens", 0) for _, meta in metas.values())
-        result = render(record.task, [(i * per, chunks[i]) for i in indexes], start, stop, tokens)
-        return record.view(result, None if whole else page_of(job_id, start, stop, limit, total))
+        return await job_view(self.store, record, self.settings.jobs.max_page_bytes, offset, limit)
 
     async def cancel(self, job_id: str, owner: str = ANONYMOUS) -> dict:
         """Cancel a queued or running job: its calls still waiting are never computed."""

@@ -2,7 +2,9 @@
 password and AOF persistence: in the middle of a 1,000-record translation job, redis-server is
 SIGKILLed (GET /jobs answers 503 `job_store_unavailable` meanwhile) and started again, then the
 JobManager replica is SIGKILLed too. The job is readable throughout the restarts, resumes after its
-stored chunks and its result equals the same records sent to /translation. docs/jobs.md quotes it.
+stored chunks and its result equals the same records sent to /translation. The cluster is named as KubeRay
+names it (RAY_CLUSTER_NAME): its jobs carry that name in Redis (blue/green upgrades, docs/jobs.md). docs/jobs.md
+quotes it.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import uuid
 
 import httpx
 import pytest
+import redis as redis_client
 
 from tests.redis_server import RedisServer
 
@@ -28,13 +31,17 @@ def test_jobs_in_redis_survive_a_redis_restart_and_a_job_manager_kill(own_run, t
     secret = tmp_path / "redis-password"
     secret.write_text(password + "\n")
     redis = RedisServer(tmp_path / "redis", password=password).start()
-    run = ServeRun(tmp_path / "run", env={"SERVE_APP_JOBS_STORE": "redis", "SERVE_APP_JOBS_REDIS_URL": redis.url,
-                                          "SERVE_APP_JOBS_REDIS_PASSWORD_FILE": str(secret)})
     tag = uuid.uuid4().hex
+    run = ServeRun(tmp_path / "run", env={"SERVE_APP_JOBS_STORE": "redis", "SERVE_APP_JOBS_REDIS_URL": redis.url,
+                                          "SERVE_APP_JOBS_REDIS_PASSWORD_FILE": str(secret),
+                                          "RAY_CLUSTER_NAME": f"blue-{tag[:8]}"})
     try:
         run.start()
         with httpx.Client(base_url=run.url, timeout=120) as http:
             done = _finished(http, _submit(http, _payload(3, f"done-{tag}"), f"done-{tag}")["job_id"])
+            client = redis_client.Redis.from_url(redis.url, password=password)
+            stamp = client.hget(f"serve-app:jobs:job:{done['job_id']}", "cluster")
+            client.close()
             payload = _payload(RECORDS, tag)
             job = _submit(http, payload, f"big-{tag}")
             at_redis_kill = _wait_progress(http, job["job_id"], 320)["progress"]["records_done"]
@@ -56,6 +63,7 @@ def test_jobs_in_redis_survive_a_redis_restart_and_a_job_manager_kill(own_run, t
     finally:
         run.stop()
         redis.kill()
+    assert stamp == f"blue-{tag[:8]}".encode()
     assert outage.status_code == 503 and outage.json()["error_type"] == "job_store_unavailable"
     assert outage.headers.get("Retry-After")
     assert back["progress"]["records_done"] >= at_redis_kill  # nothing acknowledged was lost

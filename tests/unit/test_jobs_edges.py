@@ -115,3 +115,24 @@ def test_a_job_whose_result_outgrows_its_bound_fails_job_too_large_at_once(tmp_p
     done = asyncio.run(scenario())
     assert done["status"] == "failed" and done["error"]["error_type"] == "job_too_large", done
     assert "1024" in done["error"]["error"]
+
+
+def test_a_job_whose_payload_is_gone_fails_once_instead_of_being_relaunched_forever(tmp_path):
+    """Redis past its maxmemory (or a hand) dropped the payload of a queued job: the job fails with
+    job_payload_lost at its first run, and no model call is made for it."""
+    async def scenario():
+        runner, translator, _ = await _runner(tmp_path, start=False)
+        view = await runner.submit("translation", _translation(3))
+        await runner.store._run(lambda db: db.execute("UPDATE jobs SET payload = NULL WHERE id = ?",
+                                                      (view["job_id"],)))
+        await runner.start()
+        try:
+            async with asyncio.timeout(10):
+                done = await _finished(runner, view["job_id"])
+        finally:
+            await runner.stop()
+        return done, translator
+
+    done, translator = asyncio.run(scenario())
+    assert done["status"] == "failed" and done["error"]["error_type"] == "job_payload_lost", done
+    assert translator.calls == []

@@ -39,16 +39,17 @@ def redis_server(tmp_path_factory):
 
 @pytest.fixture(params=["sqlite", "redis"])
 def open_store(request, tmp_path):
-    """A function opening the store (again: a restart) on the same file / Redis."""
+    """A function opening the store (again: a restart) on the same file / Redis, used from a cluster."""
     clock = Clock()
     opened = []
     prefix = f"test:{request.node.name}:"
 
-    def open_():
+    def open_(cluster=""):
         if request.param == "sqlite":
-            store = SqliteJobStore(tmp_path / "data" / "jobs.sqlite3", clock=clock)
+            store = SqliteJobStore(tmp_path / "data" / "jobs.sqlite3", clock=clock, cluster=cluster)
         else:
-            store = RedisJobStore(request.getfixturevalue("redis_server").url, prefix=prefix, clock=clock)
+            store = RedisJobStore(request.getfixturevalue("redis_server").url, prefix=prefix, clock=clock,
+                                  cluster=cluster)
         opened.append(store)
         return store
 

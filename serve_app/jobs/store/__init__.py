@@ -9,8 +9,15 @@ A store holds each job's record (serve_app.jobs.job.JobRecord), its submission (
 the job finished), its result in chunks written as they complete (a restarted JobManager computes
 only the missing ones), the idempotency keys (per owner, forgotten with their job) and the result
 bytes of all jobs (bounded: `StoreLimits`, checked atomically with each create). Expired jobs read
-as absent at once and are deleted by `purge`. Only the holder of the store's `Lease` runs jobs, so
-two JobManagers on one store never compute the same job.
+as absent at once and are deleted by `purge`.
+
+Several Ray clusters may share one store: during a blue/green upgrade (a RayService's `NewCluster`
+strategy) the old cluster keeps serving until the new one is ready, both on the same Redis. Each job
+is stamped with the cluster it was submitted to (`JobRecord.cluster`), and each cluster's jobs have
+their own `Lease`: only its holder, that cluster's JobManager, runs them, so two JobManagers never
+compute the same job and a job never runs on code older than the cluster that took it. Once a
+cluster is gone (its lease released or lapsed), a JobManager of another cluster `adopt`s its
+unfinished jobs and resumes them after their last stored chunk.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ Chunk = tuple[int, dict, bytes]
 
 
 class Lease(ABC):
-    """The right to run the store's jobs, held by one JobManager at a time."""
+    """The right to run one cluster's jobs, held by one JobManager at a time."""
 
     @abstractmethod
     async def acquire(self) -> bool:
@@ -41,6 +48,9 @@ class Lease(ABC):
 
 
 class JobStore(ABC):
+    #: the cluster this store's user runs in: the one it stamps on `adopt`ed jobs, whose `lease` it takes
+    cluster: str = ""
+
     @abstractmethod
     async def create(self, record: JobRecord, payload: bytes, limits: StoreLimits) -> JobRecord:
         """Store a new job, or return the live job already holding `record.key` for its owner
@@ -84,7 +94,12 @@ class JobStore(ABC):
 
     @abstractmethod
     async def unfinished(self) -> list[JobRecord]:
-        """Queued and running jobs, oldest first."""
+        """Queued and running jobs of every cluster, oldest first."""
+
+    @abstractmethod
+    async def adopt(self, cluster: str) -> int:
+        """Stamp `self.cluster` on the unfinished jobs of `cluster`, atomically with the check that no
+        JobManager holds `cluster`'s lease (nothing is stamped while one does); how many."""
 
     @abstractmethod
     async def purge(self, now: float) -> int:
@@ -95,19 +110,20 @@ class JobStore(ABC):
         """Jobs per state, and `result_bytes`: the bytes counted against the total."""
 
     @abstractmethod
-    def lease(self) -> Lease: ...
+    def lease(self) -> Lease:
+        """The lease of `self.cluster`'s jobs."""
 
     @abstractmethod
     async def close(self) -> None: ...
 
 
-def open_store(settings: AppSettings) -> JobStore:
-    """The store `jobs.store` names."""
+def open_store(settings: AppSettings, cluster: str = "") -> JobStore:
+    """The store `jobs.store` names, used from the Ray cluster named `cluster`."""
     jobs = settings.jobs
     if jobs.store == "redis":
         from .redis_store import RedisJobStore
 
-        return RedisJobStore.from_settings(jobs)
+        return RedisJobStore.from_settings(jobs, cluster)
     from .sqlite import SqliteJobStore
 
-    return SqliteJobStore(SqliteJobStore.resolve(jobs.store_path))
+    return SqliteJobStore(SqliteJobStore.resolve(jobs.store_path), cluster=cluster)

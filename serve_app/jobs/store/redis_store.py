@@ -2,10 +2,10 @@
 may restart on another node and find every job. What survives a restart of Redis itself is what
 Redis persists (AOF `appendfsync everysec` loses at most a second of writes; the tests run it with
 `always`). Every change that must be atomic (create with its limits and key, a chunk with its byte
-count, finish, purge) is one Lua script, so two JobManagers or a crash between calls never leave the
-counts wrong. Keys (prefix `jobs.redis_prefix`): `job:<id>` hash, `payload:<id>`, `chunks:<id>` hash
-(`d<i>` data, `m<i>` [records, meta]), `unfinished` and `expiry` sorted sets, `keys` hash
-(owner + key -> id), `stats` hash (`jobs`, `bytes`), `lease`.
+count, finish, purge, adopt) is one Lua script (serve_app/jobs/store/redis_scripts.py). Keys (prefix
+`jobs.redis_prefix`): `job:<id>` hash, `payload:<id>`, `chunks:<id>` hash (`d<i>` data, `m<i>`
+[records, meta]), `unfinished` and `expiry` sorted sets, `keys` hash (owner + key -> id), `stats` hash
+(`jobs`, `bytes`), and each cluster's lease: `lease` for the unnamed cluster, `lease:<cluster>`.
 """
 
 from __future__ import annotations
@@ -18,103 +18,10 @@ from typing import Callable, Optional
 
 from ..job import STATES, JobRecord, StoreLimits
 from . import Chunk, JobStore, Lease
+from .redis_scripts import ADOPT, CREATE, FINISH, PURGE, PUT_CHUNK, RELEASE, RENEW, START
 
 _INTS = ("records_total", "records_done", "chunk_records", "reserved_bytes", "used_bytes")
 _FLOATS = ("created_at", "started_at", "finished_at", "expires_at")
-
-_CREATE = """
-if ARGV[2] ~= '' then
-  local existing = redis.call('HGET', KEYS[4], ARGV[2])
-  if existing then
-    local expires = redis.call('HGET', ARGV[10] .. 'job:' .. existing, 'expires_at')
-    if expires and (expires == '' or tonumber(expires) > tonumber(ARGV[3])) then return {'exists', existing} end
-  end
-end
-if redis.call('ZCARD', KEYS[3]) >= tonumber(ARGV[4]) then return {'refused', 'unfinished'} end
-if tonumber(redis.call('HGET', KEYS[5], 'jobs') or '0') >= tonumber(ARGV[5]) then return {'refused', 'jobs'} end
-local bytes = tonumber(redis.call('HGET', KEYS[5], 'bytes') or '0')
-if bytes + tonumber(ARGV[7]) > tonumber(ARGV[6]) then return {'refused', 'bytes'} end
-redis.call('HSET', KEYS[1], unpack(cjson.decode(ARGV[9])))
-redis.call('SET', KEYS[2], ARGV[8])
-redis.call('ZADD', KEYS[3], ARGV[11], ARGV[1])
-if ARGV[2] ~= '' then redis.call('HSET', KEYS[4], ARGV[2], ARGV[1]) end
-redis.call('HINCRBY', KEYS[5], 'jobs', 1)
-redis.call('HINCRBY', KEYS[5], 'bytes', ARGV[7])
-return {'created', ARGV[1]}
-"""
-
-_START = """
-local s = redis.call('HGET', KEYS[1], 'status')
-if s ~= 'queued' and s ~= 'running' then return 0 end
-redis.call('HSET', KEYS[1], 'status', 'running')
-if redis.call('HGET', KEYS[1], 'started_at') == '' then redis.call('HSET', KEYS[1], 'started_at', ARGV[1]) end
-return 1
-"""
-
-_PUT_CHUNK = """
-local s = redis.call('HGET', KEYS[2], 'status')
-if s ~= 'queued' and s ~= 'running' then return 0 end
-if redis.call('HEXISTS', KEYS[1], 'd' .. ARGV[1]) == 1 then return 1 end
-local used = tonumber(redis.call('HGET', KEYS[2], 'used_bytes')) + string.len(ARGV[2])
-local reserved = tonumber(redis.call('HGET', KEYS[2], 'reserved_bytes'))
-if used > tonumber(ARGV[5]) then return 2 end
-if used > reserved and tonumber(redis.call('HGET', KEYS[3], 'bytes') or '0') + used - reserved > tonumber(ARGV[6]) then
-  return 3
-end
-redis.call('HSET', KEYS[1], 'd' .. ARGV[1], ARGV[2], 'm' .. ARGV[1], ARGV[3])
-redis.call('HINCRBY', KEYS[2], 'records_done', ARGV[4])
-redis.call('HSET', KEYS[2], 'used_bytes', used)
-if used > reserved then
-  redis.call('HSET', KEYS[2], 'reserved_bytes', used)
-  redis.call('HINCRBY', KEYS[3], 'bytes', used - reserved)
-end
-return 1
-"""
-
-_FINISH = """
-local s = redis.call('HGET', KEYS[1], 'status')
-if s ~= 'queued' and s ~= 'running' then return 0 end
-redis.call('HSET', KEYS[1], 'status', ARGV[1], 'finished_at', ARGV[2], 'expires_at', ARGV[3], 'error', ARGV[4])
-redis.call('DEL', KEYS[2])
-redis.call('ZREM', KEYS[3], ARGV[5])
-redis.call('ZADD', KEYS[4], ARGV[3], ARGV[5])
-if ARGV[1] ~= 'succeeded' then
-  redis.call('DEL', KEYS[5])
-  redis.call('HINCRBY', KEYS[6], 'bytes', 0 - tonumber(redis.call('HGET', KEYS[1], 'reserved_bytes')))
-  redis.call('HSET', KEYS[1], 'reserved_bytes', 0, 'used_bytes', 0)
-end
-return 1
-"""
-
-_PURGE = """
-local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, 500)
-for _, id in ipairs(ids) do
-  local job = ARGV[2] .. 'job:' .. id
-  local f = redis.call('HMGET', job, 'reserved_bytes', 'owner', 'key')
-  if f[1] then
-    redis.call('HINCRBY', KEYS[3], 'bytes', 0 - tonumber(f[1]))
-    redis.call('HINCRBY', KEYS[3], 'jobs', -1)
-  end
-  if f[3] and f[3] ~= '' then
-    local field = f[2] .. '\\n' .. f[3]
-    if redis.call('HGET', KEYS[2], field) == id then redis.call('HDEL', KEYS[2], field) end
-  end
-  redis.call('DEL', job, ARGV[2] .. 'chunks:' .. id, ARGV[2] .. 'payload:' .. id)
-  redis.call('ZREM', KEYS[1], id)
-end
-return #ids
-"""
-
-_RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-return 0
-"""
-
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
-
 
 def _encode(record: JobRecord) -> list[str]:
     flat: list[str] = []
@@ -145,6 +52,7 @@ class RedisLease(Lease):
 
     def __init__(self, store: "RedisJobStore", ttl_ms: int = 10_000):
         self._store = store
+        self.key = store.lease_key(store.cluster)
         self.ttl_ms = ttl_ms
         self.token = secrets.token_hex(16)
         self.held = False
@@ -152,39 +60,42 @@ class RedisLease(Lease):
     async def acquire(self) -> bool:
         if self.held:
             return await self.renew()
-        self.held = bool(await self._store.redis.set(self._store.key("lease"), self.token, nx=True, px=self.ttl_ms))
+        self.held = bool(await self._store.redis.set(self.key, self.token, nx=True, px=self.ttl_ms))
         return self.held
 
     async def renew(self) -> bool:
-        self.held = bool(await self._store.redis.eval(_RENEW, 1, self._store.key("lease"), self.token, self.ttl_ms))
+        self.held = bool(await self._store.redis.eval(RENEW, 1, self.key, self.token, self.ttl_ms))
         return self.held
 
     async def release(self) -> None:
         if self.held:
             self.held = False
-            await self._store.redis.eval(_RELEASE, 1, self._store.key("lease"), self.token)
+            await self._store.redis.eval(RELEASE, 1, self.key, self.token)
 
 
 class RedisJobStore(JobStore):
     def __init__(self, url: str, *, password: Optional[str] = None, prefix: str = "serve-app:jobs:",
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, cluster: str = ""):
         import redis.asyncio as aioredis
 
-        self.prefix = prefix
+        self.prefix, self.cluster = prefix, cluster
         self._clock = clock
         self.redis = aioredis.Redis.from_url(url, password=password, socket_timeout=10, socket_connect_timeout=5,
                                              health_check_interval=15)
         self._lease = RedisLease(self)
 
     @classmethod
-    def from_settings(cls, jobs) -> "RedisJobStore":
+    def from_settings(cls, jobs, cluster: str = "") -> "RedisJobStore":
         password = jobs.redis_password.get_secret_value() if jobs.redis_password is not None else None
         if jobs.redis_password_file:
             password = Path(jobs.redis_password_file).read_text().strip()
-        return cls(jobs.redis_url, password=password or None, prefix=jobs.redis_prefix)
+        return cls(jobs.redis_url, password=password or None, prefix=jobs.redis_prefix, cluster=cluster)
 
     def key(self, *parts: str) -> str:
         return self.prefix + ":".join(parts)
+
+    def lease_key(self, cluster: str) -> str:
+        return self.key("lease", cluster) if cluster else self.key("lease")
 
     def _live(self, record: Optional[JobRecord]) -> Optional[JobRecord]:
         if record is None or (record.expires_at is not None and record.expires_at <= self._clock()):
@@ -195,7 +106,7 @@ class RedisJobStore(JobStore):
         await self.purge(self._clock())  # expired jobs make room, and free their keys
         keyfield = f"{record.owner}\n{record.key}" if record.key else ""
         outcome, value = await self.redis.eval(
-            _CREATE, 5, self.key("job", record.id), self.key("payload", record.id), self.key("unfinished"),
+            CREATE, 5, self.key("job", record.id), self.key("payload", record.id), self.key("unfinished"),
             self.key("keys"), self.key("stats"),
             record.id, keyfield, self._clock(), limits.max_unfinished_jobs, limits.max_jobs,
             limits.max_total_result_bytes, record.reserved_bytes, payload, json.dumps(_encode(record)), self.prefix,
@@ -221,12 +132,12 @@ class RedisJobStore(JobStore):
         return await self.redis.get(self.key("payload", job_id))
 
     async def start(self, job_id: str, now: float) -> None:
-        await self.redis.eval(_START, 1, self.key("job", job_id), repr(now))
+        await self.redis.eval(START, 1, self.key("job", job_id), repr(now))
 
     async def put_chunk(self, job_id: str, index: int, records: int, meta: dict, data: bytes,
                         limits: StoreLimits) -> bool:
         stored = int(await self.redis.eval(
-            _PUT_CHUNK, 3, self.key("chunks", job_id), self.key("job", job_id), self.key("stats"),
+            PUT_CHUNK, 3, self.key("chunks", job_id), self.key("job", job_id), self.key("stats"),
             index, data, json.dumps([records, meta]), records, limits.max_job_result_bytes,
             limits.max_total_result_bytes))
         if stored > 1:
@@ -255,7 +166,7 @@ class RedisJobStore(JobStore):
     async def finish(self, job_id: str, status: str, now: float, expires_at: float,
                      error: Optional[dict] = None) -> bool:
         return bool(await self.redis.eval(
-            _FINISH, 6, self.key("job", job_id), self.key("payload", job_id), self.key("unfinished"),
+            FINISH, 6, self.key("job", job_id), self.key("payload", job_id), self.key("unfinished"),
             self.key("expiry"), self.key("chunks", job_id), self.key("stats"),
             status, repr(now), repr(expires_at), json.dumps(error) if error else "", job_id))
 
@@ -269,10 +180,14 @@ class RedisJobStore(JobStore):
     async def unfinished(self) -> list[JobRecord]:
         return await self._records(await self.redis.zrange(self.key("unfinished"), 0, -1))
 
+    async def adopt(self, cluster: str) -> int:
+        return int(await self.redis.eval(ADOPT, 2, self.lease_key(cluster), self.key("unfinished"),
+                                          cluster, self.cluster, self.prefix))
+
     async def purge(self, now: float) -> int:
         gone = 0
         while True:
-            n = await self.redis.eval(_PURGE, 3, self.key("expiry"), self.key("keys"), self.key("stats"),
+            n = await self.redis.eval(PURGE, 3, self.key("expiry"), self.key("keys"), self.key("stats"),
                                       repr(now), self.prefix)
             gone += n
             if n < 500:

@@ -4,19 +4,15 @@ WAL mode with `synchronous=NORMAL`: a committed write survives the JobManager's 
 killed (the WAL is in the OS's page cache); a power cut may lose the last transactions, never
 corrupt the file. Every call runs on one worker thread (sqlite3 connections are not shared between
 threads), off the replica's event loop. Several processes may open the file (WAL readers do not
-block the writer); only the holder of the lock file `<path>.lock` (an flock, freed by the OS when
-its process dies, SIGKILL included) runs jobs.
+block the writer); only the holder of a cluster's lock file (`<path>.lock`, `<path>.<cluster>.lock`: an
+flock, freed by the OS when its process dies, SIGKILL included) runs that cluster's jobs.
 """
 
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import json
-import logging
-import os
 import sqlite3
-import stat
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -24,8 +20,7 @@ from typing import Any, Callable, Optional
 
 from ..job import FINISHED, STATES, JobRecord, StoreLimits
 from . import Chunk, JobStore, Lease
-
-logger = logging.getLogger("ray.serve")
+from .files import FileLease, lock_path, private
 
 #: the project's root (this file is serve_app/jobs/store/sqlite.py in it): where `make run` runs and
 #: creates `.data/`; a relative `jobs.store_path` is under it when this module runs from a checkout
@@ -37,7 +32,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     records_total INTEGER NOT NULL, records_done INTEGER NOT NULL DEFAULT 0, chunk_records INTEGER NOT NULL,
     created_at REAL NOT NULL, started_at REAL, finished_at REAL, expires_at REAL, error TEXT,
     key TEXT, body_hash TEXT NOT NULL, reserved_bytes INTEGER NOT NULL, used_bytes INTEGER NOT NULL DEFAULT 0,
-    payload BLOB
+    payload BLOB, cluster TEXT NOT NULL DEFAULT ''
 );
 CREATE UNIQUE INDEX IF NOT EXISTS jobs_by_key ON jobs (owner, key) WHERE key IS NOT NULL;
 CREATE INDEX IF NOT EXISTS jobs_by_status ON jobs (status, created_at);
@@ -49,7 +44,8 @@ CREATE TABLE IF NOT EXISTS chunks (
 """
 
 _COLUMNS = ("id", "owner", "task", "status", "records_total", "records_done", "chunk_records", "created_at",
-            "started_at", "finished_at", "expires_at", "error", "key", "body_hash", "reserved_bytes", "used_bytes")
+            "started_at", "finished_at", "expires_at", "error", "key", "body_hash", "reserved_bytes", "used_bytes",
+            "cluster")
 _SELECT = f"SELECT {', '.join(_COLUMNS)} FROM jobs"
 _UNFINISHED = "('queued', 'running')"
 #: the results the store holds, as counted against jobs.max_total_result_bytes (reserved, or stored where more)
@@ -62,57 +58,14 @@ def _record(row: tuple) -> JobRecord:
     return JobRecord.from_dict(data)
 
 
-class FileLease(Lease):
-    """An exclusive flock on `<store>.lock`: held while this process lives, freed by the OS when it
-    dies (a killed JobManager's successor takes it at once)."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self._fd: Optional[int] = None
-
-    async def acquire(self) -> bool:
-        if self._fd is not None:
-            return True
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return False
-        self._fd = fd
-        return True
-
-    async def renew(self) -> bool:
-        return self._fd is not None
-
-    async def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)  # closing the descriptor drops the flock
-            self._fd = None
-
-
-def _private(path: Path) -> None:
-    """The store's file (created if missing) readable by its user alone: it holds every API key's payloads and
-    results. SQLite gives the -wal and -shm files it creates the database file's mode; older ones are tightened."""
-    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
-    for file in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
-        try:
-            if stat.S_IMODE(file.stat().st_mode) & 0o077:
-                file.chmod(0o600)
-        except FileNotFoundError:
-            pass
-        except OSError as exc:  # not this user's file: say so, and serve on
-            logger.warning("job store file %s stays readable by others: %s", file, exc)
-
-
 class SqliteJobStore(JobStore):
-    def __init__(self, path: Path, *, clock: Callable[[], float] = time.time):
-        self.path = Path(path)
+    def __init__(self, path: Path, *, clock: Callable[[], float] = time.time, cluster: str = ""):
+        self.path, self.cluster = Path(path), cluster
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._clock = clock
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="job-store")
         self._db: Optional[sqlite3.Connection] = None
-        self._lease = FileLease(self.path.with_name(self.path.name + ".lock"))
+        self._lease = FileLease(lock_path(self.path, cluster))
 
     @staticmethod
     def resolve(path: str) -> Path:
@@ -123,11 +76,13 @@ class SqliteJobStore(JobStore):
 
     def _connect(self) -> sqlite3.Connection:
         if self._db is None:
-            _private(self.path)
+            private(self.path)
             db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")
             db.executescript(SCHEMA)
+            if "cluster" not in {row[1] for row in db.execute("PRAGMA table_info(jobs)")}:  # a store from before
+                db.execute("ALTER TABLE jobs ADD COLUMN cluster TEXT NOT NULL DEFAULT ''")
             self._db = db
         return self._db
 
@@ -250,6 +205,17 @@ class SqliteJobStore(JobStore):
         rows = await self._run(lambda db: db.execute(
             f"{_SELECT} WHERE status IN {_UNFINISHED} ORDER BY created_at").fetchall())
         return [_record(r) for r in rows]
+
+    async def adopt(self, cluster: str) -> int:
+        lease = FileLease(lock_path(self.path, cluster))
+        if not await lease.acquire():  # that cluster's JobManager lives
+            return 0
+        try:
+            return await self._run(lambda db: db.execute(
+                f"UPDATE jobs SET cluster = ? WHERE cluster = ? AND status IN {_UNFINISHED}",
+                (self.cluster, cluster)).rowcount)
+        finally:
+            await lease.release()
 
     @staticmethod
     def _purge(db: sqlite3.Connection, now: float) -> int:
