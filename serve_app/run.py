@@ -28,6 +28,7 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
+from typing import Callable
 
 import yaml
 
@@ -198,14 +199,28 @@ def _serve(ns: argparse.Namespace) -> int:
         _say(f"serve-app: {ns.config} submitted; Serve starts its replicas (GET /readyz answers 200 once ready)")
         while not stop.wait(0.5):  # (a bounded wait: the signal handlers run between the waits)
             pass
-        _say("serve-app: stopping: draining in-flight requests first")
-        drain_signal.drain(signal_actor, app_names, ns.drain_timeout_s, _say)
+        _say("serve-app: stopping: draining in-flight requests first (Ctrl-C again: stop at once)")
+        if drain_unless_interrupted(lambda: drain_signal.drain(signal_actor, app_names, ns.drain_timeout_s, _say)):
+            _say("serve-app: drain cut short by a second Ctrl-C: requests still in flight are cut off")
         _stop_serve(joining, app_names)
     finally:
         status.remove_record(port)
         ray.shutdown()
     _say("serve-app: stopped")
     return 0
+
+
+def drain_unless_interrupted(drain: Callable[[], None]) -> bool:
+    """Run `drain`, unless a Ctrl-C (SIGINT) cuts it short: True then. Its `ray.get` waits return on a
+    KeyboardInterrupt (Ray checks for signals while it waits). The launcher's own handler is back afterwards."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        drain()
+        return False
+    except KeyboardInterrupt:
+        return True
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _other_apps(app_names: list[str]) -> list[str]:

@@ -112,3 +112,29 @@ def test_on_a_joined_cluster_the_stop_deletes_only_the_config_s_applications(mon
     assert code == 0 and len(deployed) == 1
     assert calls[-3:] == ["drained", ("serve.delete", "serve-app"), "ray.shutdown"]
     assert "serve.shutdown" not in calls
+
+
+def test_a_second_ctrl_c_cuts_the_drain_short_and_gives_the_launcher_its_handler_back():
+    """The drain waits up to --drain-timeout-s (30 s) for in-flight requests; a second Ctrl-C stops waiting."""
+    import signal
+    import threading
+    import time
+
+    from serve_app.run import drain_unless_interrupted
+
+    stops = []
+    previous = signal.signal(signal.SIGINT, lambda *_: stops.append(1))  # the launcher's first-Ctrl-C handler
+    try:
+        def slow_drain():  # a wait that only a signal ends early, as ray.get's does
+            threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
+            threading.Event().wait(30)
+
+        began = time.monotonic()
+        assert drain_unless_interrupted(slow_drain) is True
+        assert time.monotonic() - began < 20 and stops == []
+        assert drain_unless_interrupted(lambda: None) is False
+        os.kill(os.getpid(), signal.SIGINT)  # after the drain: the launcher's handler again, no KeyboardInterrupt
+        threading.Event().wait(0.2)
+        assert stops == [1]
+    finally:
+        signal.signal(signal.SIGINT, previous)
