@@ -83,6 +83,8 @@ def key_problems(keys: Sequence[str], source: str) -> list[str]:
             problems.append(f"{which} has only {len(set(key))} distinct characters; {GENERATE_HINT}")
         if re.search(r"\s", key):
             problems.append(f"{which} contains whitespace")
+        elif not (key.isascii() and key.isprintable()):  # a header carries it as bytes, read back as latin-1
+            problems.append(f"{which} has characters other than printable ASCII, which no client sends as is")
     return problems
 
 
@@ -152,8 +154,11 @@ class KeysFile:
 
     def _read(self) -> KeySet:
         source = f"ingress.api_keys_file {self.path!r}"
-        with open(self.path, encoding="utf-8") as f:
-            keys = parse_keys(f.read())
+        try:  # (utf-8-sig: a byte-order mark an editor wrote is not part of the first key)
+            with open(self.path, encoding="utf-8-sig") as f:
+                keys = parse_keys(f.read())
+        except UnicodeDecodeError as exc:
+            raise AuthConfigError(f"{source} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
         if not keys:
             raise AuthConfigError(f"{source} holds no key")
         problems = key_problems(keys, source)

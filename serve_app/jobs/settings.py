@@ -118,12 +118,12 @@ class JobSettings(Section):
     @field_validator("redis_url")
     @classmethod
     def _no_password_in_url(cls, value: str) -> str:
-        from urllib.parse import urlsplit
+        from urllib.parse import parse_qs, urlsplit
 
         parts = urlsplit(value)
-        if parts.scheme not in ("redis", "rediss", "unix"):
-            raise ValueError(f"jobs.redis_url {value!r}: the scheme must be redis://, rediss:// or unix://")
-        if parts.password:
+        if parts.password or "password" in parse_qs(parts.query):  # redis-py takes ?password= too
             raise ValueError("jobs.redis_url holds a password: set SERVE_APP_JOBS_REDIS_PASSWORD_FILE (a mounted "
                              "Secret) or SERVE_APP_JOBS_REDIS_PASSWORD instead")
+        if parts.scheme not in ("redis", "rediss", "unix"):
+            raise ValueError(f"jobs.redis_url {value!r}: the scheme must be redis://, rediss:// or unix://")
         return value

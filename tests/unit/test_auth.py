@@ -39,6 +39,7 @@ def ingress(**values):
     ("k1", "2 characters long; at least 32"),
     ("x" * 31, "31 characters long"),
     ("ab" * 20, "only 2 distinct characters"),
+    ("\u00e9" + KEY_A[1:], "printable ASCII"),  # a client sends it as UTF-8 bytes; the header reads them as latin-1
 ])
 def test_unsafe_keys_are_refused_without_quoting_them(key, problem):
     (message,) = key_problems([KEY_A, key], "SERVE_APP_INGRESS_API_KEYS")
@@ -138,6 +139,22 @@ def test_keys_file_is_read_again_when_the_secret_rotates(tmp_path, caplog):
     _write_secret_volume(tmp_path, "tooshort\n", 3)
     assert keys.keys().identify(KEY_B)
     assert "keeping the 1 keys read before" in caplog.text and "tooshort" not in caplog.text
+
+
+def test_a_keys_file_rotated_to_bytes_that_are_not_utf8_keeps_the_keys_and_one_with_a_bom_reads(tmp_path, caplog):
+    """A Secret made `--from-file` of a Latin-1 or binary file: an error logged, the keys read before kept
+    (it used to raise, 500 on every route once a second). A byte-order mark an editor wrote is not part of a key."""
+    path = _write_secret_volume(tmp_path, "\ufeff" + KEY_A + "\n", 1)
+    keys = KeysFile(path, interval_s=0)
+    assert keys.keys().identify(KEY_A)
+    folder = tmp_path / "..2"
+    folder.mkdir()
+    (folder / "keys").write_bytes(b"\xff\xfe" + KEY_B.encode("latin-1") + b"\xe9\n")
+    os.symlink(folder.name, tmp_path / "..data_tmp")
+    os.replace(tmp_path / "..data_tmp", tmp_path / "..data")
+    caplog.set_level(logging.ERROR, logger="serve_app")
+    assert keys.keys().identify(KEY_A) and keys.keys().identify(KEY_B) is None
+    assert "not UTF-8 text" in caplog.text and "keeping the 1 keys read before" in caplog.text
 
 
 def test_keys_file_is_looked_at_once_per_interval(tmp_path):

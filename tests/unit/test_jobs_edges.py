@@ -136,3 +136,13 @@ def test_a_job_whose_payload_is_gone_fails_once_instead_of_being_relaunched_fore
     done, translator = asyncio.run(scenario())
     assert done["status"] == "failed" and done["error"]["error_type"] == "job_payload_lost", done
     assert translator.calls == []
+
+
+@pytest.mark.parametrize("url", ["redis://:s3cret@redis:6379/0", "redis://redis:6379/0?password=s3cret",
+                                 "rediss://user@redis:6379?db=0&password=s3cret"])
+def test_a_redis_url_holding_a_password_is_refused(url):
+    """redis-py takes the password from the URL's user info and from a `password` query argument alike; either
+    would be logged by the JobManager and passed to every replica with the settings."""
+    with pytest.raises(ValueError, match="holds a password"):
+        load_settings({"jobs": {"redis_url": url}})
+    assert load_settings({"jobs": {"redis_url": "redis://redis:6379/0?db=1"}}).jobs.redis_url
