@@ -10,7 +10,7 @@ import httpx
 
 from .retry import RetryPolicy
 from .wire import (
-    FINISHED_JOB_STATES, RETRYABLE_STATUSES, SUBMIT_TIMEOUT_S, JobCancelled, JobSpec, ServeAppHTTPError, answer, auth_headers,
+    FINISHED_JOB_STATES, SUBMIT_TIMEOUT_S, JobCancelled, JobSpec, ServeAppHTTPError, answer, auth_headers,
     checked, deadline_headers, embeddings_body, job_outcome, job_path, merge_page, outputs, predict_path, submission_headers,
     translation_body, translations, vectors,
 )
@@ -35,8 +35,8 @@ class AsyncJob:
                     return job_outcome(await self._client._whole(view), parse)
             except httpx.TransportError:
                 pass  # the service may be restarting: keep polling
-            except ServeAppHTTPError as exc:  # 503: overloaded or restarting, as the sync poller
-                if exc.status_code not in RETRYABLE_STATUSES:
+            except ServeAppHTTPError as exc:  # a 5xx (503, a 504 deadline) may pass, as for the sync poller
+                if exc.status_code < 500:
                     raise
             await asyncio.sleep(interval)
             interval = min(interval * 2, policy.max_poll_interval_s)
@@ -147,7 +147,7 @@ class AsyncClient:
         return checked(await self._http.delete(job_path(job_id)), 200)
 
     async def models(self) -> list[dict]:
-        return (await self._http.get("/v1/models")).raise_for_status().json()["data"]
+        return checked(await self._http.get("/v1/models"), 200)["data"]
 
     async def ready(self) -> bool:
         return (await self._http.get("/readyz")).status_code == 200

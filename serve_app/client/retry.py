@@ -41,7 +41,9 @@ class RetryPolicy:
         """The wait before retrying after `response` (None: a transport error)."""
         advised = retry_after_s(response.headers.get("Retry-After")) if response is not None else None
         wait, cap = (self.default_wait_s if advised is None else advised), self.max_retry_wait_s
-        return random.uniform(min(wait, cap * (1 - self.jitter)), min(wait * (1 + self.jitter), cap))
+        if wait >= cap:  # longer than this client waits: spread below the cap, so retries do not come together
+            return random.uniform(cap * (1 - self.jitter), cap)
+        return random.uniform(wait, min(wait * (1 + self.jitter), cap))  # never sooner than Retry-After
 
     def _wait(self, state: tenacity.RetryCallState) -> float:
         outcome = state.outcome

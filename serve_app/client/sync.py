@@ -110,8 +110,8 @@ class _JobPoller:
                     continue
                 try:
                     view = self._client.job(future.job_id)
-                except ServeAppHTTPError as exc:  # 404: expired or the job store restarted
-                    if exc.status_code != 503:
+                except ServeAppHTTPError as exc:  # 404: expired; a 5xx (503, a 504 deadline) may pass: poll on
+                    if exc.status_code < 500:
                         future._fail(exc)
                         self._forget(future)
                         changed = True
@@ -226,7 +226,7 @@ class Client:
         return checked(self._http.delete(job_path(job_id)), 200)
 
     def models(self) -> list[dict]:
-        return self._http.get("/v1/models").raise_for_status().json()["data"]
+        return checked(self._http.get("/v1/models"), 200)["data"]
 
     def ready(self) -> bool:
         return self._http.get("/readyz").status_code == 200

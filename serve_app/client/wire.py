@@ -65,14 +65,21 @@ def deadline_headers(deadline_ms: Optional[int]) -> Optional[dict[str, str]]:
     return {"X-Request-Timeout-Ms": str(deadline_ms)} if deadline_ms else None
 
 
+def _texts(texts: Sequence[str]) -> list[str]:
+    if isinstance(texts, str):  # a str is a Sequence[str] too: one text per character
+        raise TypeError("texts must be a sequence of strings, not one string: pass [text]")
+    return list(texts)
+
+
 def embeddings_body(texts: Sequence[str], model: Optional[str]) -> dict[str, Any]:
-    body: dict[str, Any] = {"input": list(texts)}
+    body: dict[str, Any] = {"input": _texts(texts)}
     if model:
         body["model"] = model
     return body
 
 
 def translation_body(texts: Sequence[str], source: str, target: str, ids: Optional[Sequence[str]]) -> dict:
+    texts = _texts(texts)
     ids = list(ids) if ids is not None else [str(i) for i in range(len(texts))]
     if len(ids) != len(texts):
         raise ValueError(f"{len(ids)} ids for {len(texts)} texts")
