@@ -195,6 +195,10 @@ class EmbeddingSettings(Section):
         return self
 
 
+#: names a custom model cannot take: the jobs' built-in tasks
+RESERVED_MODEL_NAMES = ("translation", "embeddings")
+
+
 class CustomModelSpec(BaseModel):
     """One entry of `models:`: a user's model module served at `POST /models/<name>/predict`.
 
@@ -225,6 +229,13 @@ class CustomModelSpec(BaseModel):
         "docs/benchmarks/placement.md); its batch knobs then go in the Ingress's `user_config` under "
         "`Model.<name>`, and the config must not list a `Model.<name>` deployment. For small CPU models.",
     )
+
+    @field_validator("name")
+    @classmethod
+    def _not_a_built_in_task(cls, value: str) -> str:
+        if value in RESERVED_MODEL_NAMES:  # jobs name their task so: `POST /jobs {"task": ...}`
+            raise ValueError(f"models[].name {value!r} is a built-in task's; choose another name")
+        return value
 
     @field_validator("module")
     @classmethod

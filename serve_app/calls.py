@@ -4,9 +4,9 @@ pair it resolves to, and its calls run with a bound on how many are in flight at
 from __future__ import annotations
 
 import asyncio
-from typing import Awaitable, Callable, Sequence, TypeVar
+from typing import Awaitable, Callable, Optional, Sequence, TypeVar
 
-from .errors import PayloadTooLarge, ServeAppError, UnsupportedLanguagePair
+from .errors import PayloadTooLarge, ServeAppError, UnsupportedLanguagePair, UnsupportedModel
 from .schemas import normalise_language
 
 T = TypeVar("T")
@@ -28,6 +28,13 @@ def resolve_pair(source: str, target: str, supported: Sequence[str]) -> tuple[st
     raise UnsupportedLanguagePair(
         f"Unsupported language pair {source!r} -> {target!r}. Supported pairs: {listed}."
     )
+
+
+def check_dimensions(model: str, requested: Optional[int], served: Optional[int]) -> None:
+    """400 when a request asks for dimensions the embedder does not give (`served` unknown: not checked)."""
+    if requested is not None and served is not None and requested != served:
+        raise UnsupportedModel(f"{model!r} gives {served} dimensions, not {requested}; omit 'dimensions' or send "
+                               "that number.")
 
 
 def check_text_lengths(texts: Sequence[str], limit: int, field: str) -> None:

@@ -17,7 +17,7 @@ import numpy as np
 from deployments.batching import Chunk, split
 
 from .cache import ResponseCache, storable
-from .calls import check_text_lengths, gather_limited, resolve_pair
+from .calls import check_dimensions, check_text_lengths, gather_limited, resolve_pair
 from .coalescing import CallCoalescer
 from .custom_models import CustomModel, custom_models
 from .errors import ModelNotFound, NotFound, PayloadTooLarge, RequestTimeout, UnsupportedModel
@@ -215,10 +215,7 @@ class Service:
 
         async with self._deadline(timeout_s):  # one deadline over the model-info lookup and the vectors
             if request.dimensions is not None:
-                served = (await self.model_info(self.embedder))["dimensions"]
-                if request.dimensions != served:
-                    raise UnsupportedModel(f"{name!r} gives {served} dimensions, not {request.dimensions}; "
-                                           "omit 'dimensions' or send that number.")
+                check_dimensions(name, request.dimensions, (await self.model_info(self.embedder))["dimensions"])
             embedded, computed = await self._through_cache(
                 "embeddings", texts, lambda text: ("embeddings", name, text), compute, read_cache, write_cache)
         tokens = sum(count for _, count in embedded)

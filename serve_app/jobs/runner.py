@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional
 
 from pydantic import BaseModel
 
+from ..calls import check_dimensions
 from ..errors import RequestTimeout, ServeAppError
 from ..model_clients import BackgroundClient, ModelClient
 from ..service import Service
@@ -82,9 +83,8 @@ class JobRunner:
         await self.store.close()
 
     async def _take_over(self) -> None:
-        """Take the lease if free; while holding it, adopt the jobs of clusters gone, and run every unfinished
-        job of this cluster without a task here (at most jobs.max_unfinished_jobs records). `holding` is set
-        once that read succeeded."""
+        """Take the lease if free; while holding it, adopt the jobs of clusters gone and run this cluster's unfinished
+        jobs that have no task here (at most jobs.max_unfinished_jobs records); `holding` once that read succeeded."""
         if not self.holding and not await self.store.lease().acquire():
             return
         records, mine = await self.store.unfinished(), self.store.cluster
@@ -123,8 +123,9 @@ class JobRunner:
         key = submission_key(idempotency_key, request_id, digest)
         if key is not None and (existing := await store_call(self.store.find(owner, key))) is not None:
             return self._same(existing, digest).view()
-        body = await self._validate(task, payload)
-        estimate = estimate_bytes(task, body, await self._embedding_dim() if task == "embeddings" else 0)
+        dimensions = await self._embedding_dim() if task == "embeddings" else None
+        body = await self._validate(task, payload, dimensions)
+        estimate = estimate_bytes(task, body, dimensions or DEFAULT_EMBEDDING_DIM)
         if estimate > self.settings.jobs.max_job_result_bytes:
             raise JobTooLarge(
                 f"The job's result would take about {estimate} bytes; one job may keep at most "
@@ -150,17 +151,16 @@ class JobRunner:
         logger.info("job %s: submitted again with its key; not queued twice", existing.id)
         return existing
 
-    async def _embedding_dim(self) -> int:
-        """The served embedder's dimensions (its info, which the Service caches); MiniLM's while it cannot say."""
+    async def _embedding_dim(self) -> Optional[int]:
+        """The served embedder's dimensions (its info, which the Service caches); None while it cannot say."""
         try:
             async with asyncio.timeout(EMBEDDER_INFO_TIMEOUT_S):
                 return int((await self._validator.model_info(self._validator.embedder))["dimensions"])
         except Exception as exc:  # noqa: BLE001 - an estimate never refuses a job
-            logger.warning("embedder dimensions unknown (%s): results estimated at %d", type(exc).__name__,
-                           DEFAULT_EMBEDDING_DIM)
-            return DEFAULT_EMBEDDING_DIM
+            logger.warning("embedder dimensions unknown (%s)", type(exc).__name__)
+            return None
 
-    async def _validate(self, task: str, payload: Any) -> BaseModel:
+    async def _validate(self, task: str, payload: Any, dimensions: Optional[int] = None) -> BaseModel:
         service = self._validator
         if task not in ("translation", "embeddings", *service.custom_models):
             tasks = ", ".join(repr(t) for t in ("translation", "embeddings", *sorted(service.custom_models)))
@@ -169,7 +169,7 @@ class JobRunner:
         if task == "translation":
             await service.validate_translation(body)
         elif task == "embeddings":
-            service.validate_embeddings(body)
+            check_dimensions(service.validate_embeddings(body)[1], body.dimensions, dimensions)
         else:
             service.validate_predict(task, body.inputs)
         return body

@@ -97,6 +97,8 @@ def test_the_example_is_a_valid_model_module():
     ({**IRIS, "module": "examples/iris_classifier.py"}, "'examples/iris_classifier.py' is not a dotted"),
     ({**IRIS, "options": {"seeed": 1}}, "options {'seeed': 1} do not fit examples.iris_classifier.load"),
     ({**IRIS, "name": "Iris Species"}, "should match pattern"),
+    ({**IRIS, "name": "translation"}, "'translation' is a built-in task's"),  # jobs could never reach it
+    ({**IRIS, "name": "embeddings"}, "'embeddings' is a built-in task's"),
     ({**IRIS, "modul": "x"}, "modul"),
     ({"name": "iris"}, "module"),
 ])

@@ -146,3 +146,24 @@ def test_a_redis_url_holding_a_password_is_refused(url):
     with pytest.raises(ValueError, match="holds a password"):
         load_settings({"jobs": {"redis_url": url}})
     assert load_settings({"jobs": {"redis_url": "redis://redis:6379/0?db=1"}}).jobs.redis_url
+
+
+def test_an_embeddings_job_asking_for_dimensions_the_model_does_not_give_is_refused_at_submit(tmp_path):
+    """As POST /v1/embeddings answers 400 at once; the job was accepted, held a slot, then failed."""
+    from serve_app.errors import UnsupportedModel
+
+    from .fakes import FakeEmbedder
+
+    async def scenario():
+        embedder = FakeEmbedder()
+        runner, _, _ = await _runner(tmp_path, embedder=embedder, start=False)
+        try:
+            with pytest.raises(UnsupportedModel, match=f"gives {embedder.dims} dimensions, not 512"):
+                await runner.submit("embeddings", {"input": ["a"], "dimensions": 512})
+            assert (await runner.store.counts())["queued"] == 0
+            accepted = await runner.submit("embeddings", {"input": ["a"], "dimensions": embedder.dims})
+            assert accepted["status"] == "queued"
+        finally:
+            await runner.stop()
+
+    asyncio.run(scenario())
