@@ -96,7 +96,8 @@ class ContinuousScheduler:
         self._check_length(max_new_tokens, "max_new_tokens")
         self.max_running_sequences, self.max_cached_tokens = int(max_running_sequences), max_cached_tokens
         self.join_interval_steps = int(join_interval_steps)
-        self._steps_since_join, self.iteration_began = 0, time.monotonic()  # (the latter: for health checks)
+        #: when the iteration under way began (its join's encoder pass, step, answers); None between: health checks
+        self._steps_since_join, self.iteration_began = 0, None
         #: most job (background) sequences in the running batch; None: no cap of their own
         self.max_background_sequences: Optional[int] = None
         #: per-sequence decode limits; default: the same for every sequence (the backend's settings)
@@ -206,6 +207,7 @@ class ContinuousScheduler:
                     joining = self._admit() if rebuild else []
                 self._steps_since_join = 0 if rebuild else self._steps_since_join + 1
                 self._iterate(joining, rebuild)
+                self.iteration_began = None
         except BaseException as exc:  # noqa: BLE001 - outside a step's own handling: no call would ever be answered
             logger.exception("continuous decoding stopped: this replica decodes nothing more")
             with self._cond:  # then `submit` refuses calls
@@ -295,6 +297,3 @@ def _settle(future: Future, outcome) -> None:
             future.set_result(outcome)
     except InvalidStateError:  # cancelled by its caller between the check and now
         pass
-
-
-__all__ = ["ContinuousScheduler", "Limits", "StepOutcome"]

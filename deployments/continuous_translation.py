@@ -116,12 +116,13 @@ class ContinuousTranslation:
                 "waiting": sum(self.scheduler.waiting().values())}
 
     def check(self, hung_after_s: float = HUNG_BATCH_S) -> None:
-        """Raise while one decoding iteration, sentences running, has gone on for over `hung_after_s`
-        (a step that never returns: every caller would wait until its deadline)."""
-        scheduler = self.scheduler
-        running_s = time.monotonic() - scheduler.iteration_began
-        if scheduler.decoder.running and running_s > hung_after_s:
-            raise RuntimeError(f"continuous decoding: one step has been running for {running_s:.0f} s "
+        """Raise while one decoding iteration (the joining sentences' encoder pass, a step, the answers) has gone
+        on for over `hung_after_s`: one that never returns would leave every caller to its deadline. The first
+        sentences joining an empty batch are not `running` yet, so the iteration's own clock is read."""
+        began = self.scheduler.iteration_began
+        running_s = 0.0 if began is None else time.monotonic() - began
+        if running_s > hung_after_s:
+            raise RuntimeError(f"continuous decoding: one iteration has been running for {running_s:.0f} s "
                                f"(over {hung_after_s:g} s): taken for hung")
 
     def shutdown(self) -> None:

@@ -248,3 +248,27 @@ def test_a_base_exception_in_the_decoding_thread_answers_every_caller(scheduler_
     scheduler._thread.join(10)
     with pytest.raises(BackendError, match="continuous decoding stopped"):
         scheduler.submit(["Hello."], "en", "de")
+
+
+def test_a_join_into_an_empty_batch_that_never_returns_fails_the_health_check(continuous_translator):
+    """The first sentences after an idle spell are not `running` until their encoder pass is done; a device
+    that stops answering there (the first blocking call after idle) must fail the check too."""
+    replica = continuous_translator
+    scheduler, release, entered = replica._continuous.scheduler, threading.Event(), threading.Event()
+    join = scheduler.decoder.join
+
+    def stuck(requests):
+        if requests:
+            entered.set()
+            release.wait(30)
+        return join(requests)
+    scheduler.decoder.join = stuck
+    replica._continuous.check(hung_after_s=0.0)  # idle: nothing under way
+    call = scheduler.submit(["Hello."], "en", "de")
+    try:
+        assert entered.wait(30) and scheduler.decoder.running == 0
+        with pytest.raises(RuntimeError, match="taken for hung"):
+            replica._continuous.check(hung_after_s=0.0)
+    finally:
+        release.set()
+    call.result(timeout=30)
