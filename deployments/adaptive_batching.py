@@ -109,7 +109,7 @@ class AIMDBatchSizer:
             if smaller < self.size:
                 self.decreases += 1
                 self._set(smaller)
-        else:
+        elif records >= self.size:  # a part-filled batch under target says nothing of a larger size
             larger = self._clamp(self.size + self.settings.increase_records)
             if larger > self.size:
                 self.increases += 1

@@ -62,8 +62,8 @@ class BatchConfig(BaseModel):
         description="SLO-adaptive batch size (AIMD, as in Clipper): when set, the replica moves its live "
         "batch size within [adaptive_min_batch_size, max_batch_size] to keep the p99 model time of a "
         "batch (over the last adaptive_window_batches batches) under this many seconds: +"
-        "adaptive_increase_records after each batch under it, x adaptive_backoff_factor after one over "
-        "it. Queueing is not part of it (shrinking batches under overload would only lengthen queues). "
+        "adaptive_increase_records after each full batch under it, x adaptive_backoff_factor after one over "
+        "it; job batches do not count. Queueing is not part of it (shrinking batches under overload would only lengthen queues). "
         "Unset: the batch size stays max_batch_size.",
     )
     adaptive_min_batch_size: int = Field(
@@ -72,8 +72,8 @@ class BatchConfig(BaseModel):
     )
     adaptive_increase_records: int = Field(
         1, ge=1, le=4096,
-        description="Records added to the live batch size after each batch whose window p99 is under "
-        "target_p99_batch_latency_s (the additive increase).",
+        description="Records added to the live batch size after each full batch (as large as the live size) "
+        "whose window p99 is under target_p99_batch_latency_s (the additive increase).",
     )
     adaptive_backoff_factor: float = Field(
         0.75, gt=0.0, lt=1.0,

@@ -190,7 +190,8 @@ class ModelReplica:
 
     def live_max_batch_size(self) -> int:
         """The batch size in force: the adaptive controller's, else the configured max_batch_size."""
-        return self._sizer.size if self._sizer is not None else self.batch_config.max_batch_size
+        sizer = self._sizer  # (once: reconfigure, on a worker thread, may replace it)
+        return sizer.size if sizer is not None else self.batch_config.max_batch_size
 
     async def _submit_pieces(self, batched: Any, records: list, make_item: Callable[[list], Any]) -> list:
         """Cut `records` into pieces of the live batch size, submit each (`make_item(piece)`) to the
@@ -257,8 +258,8 @@ class ModelReplica:
         background = outcome.priority >= Priority.BACKGROUND
         self._stats["computed_background" if background else "computed_interactive"] += outcome.records
         self.metrics.observe_batch(outcome.records, outcome.seconds)
-        if self._sizer is not None:
-            self._sizer.observe(outcome.seconds, outcome.records)
+        if (sizer := self._sizer) is not None and not background:  # job batches are capped apart: no evidence
+            sizer.observe(outcome.seconds, outcome.records)
 
     def check_health(self) -> None:
         """Serve calls this every health_check_period_s; raising marks the replica unhealthy."""

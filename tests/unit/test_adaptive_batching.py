@@ -91,6 +91,14 @@ def test_longer_inputs_shrink_the_size_and_shorter_ones_let_it_grow_back():
     assert controller.size == 32
 
 
+def test_only_a_full_batch_under_target_grows_the_size_and_any_slow_one_shrinks_it():
+    """A part-filled batch (light load, a call alone) says nothing of whether a larger size meets the target."""
+    controller, _ = sizer(initial=8)
+    assert [controller.observe(0.01, records=3) for _ in range(20)] == [8] * 20
+    assert controller.observe(0.01, records=8) == 9
+    assert controller.observe(0.5, records=2) == 4  # slow even part-filled: over target at this size
+
+
 def test_empty_batches_are_ignored():
     controller, _ = sizer(initial=5)
     assert controller.observe(9.0, records=0) == 5
@@ -162,8 +170,11 @@ def test_replica_shrinks_its_live_batch_size_when_batches_miss_the_target(monkey
 
     translate("x")  # one batch of 8, over target: the live size halves to 4
     assert replica.live_max_batch_size() == 4
+    # job (background) batches are capped apart (background_max_batch_size): they do not move the live size
+    loop.run_until_complete(replica.translate(Chunk("en", "pt", ["z0", "z1"]), background=True))
+    assert replica.live_max_batch_size() == 4
     translate("y")  # cut into calls of 4 (two batches over target: 4 -> 2 -> 2, the minimum)
-    assert [len(call) for call in backend.calls] == [8, 4, 4]
+    assert [len(call) for call in backend.calls] == [8, 2, 4, 4]
     assert replica.live_max_batch_size() == 2
     info = replica.info()["batching"]
     assert info["adaptive"]["live_max_batch_size"] == 2 and info["adaptive"]["decreases"] == 2
