@@ -11,7 +11,10 @@ goodput fell to 0.20x capacity (docs/benchmarks/storm-run-400-800). So, per Ingr
   requests than the replica holds;
 - the rest wait in HAProxy's queue, which costs no CPU, for at most max_wait_s (`timeout queue`);
   then HAProxy answers the ingress's 503 JSON body with Retry-After itself;
-- other routes than admission's (readiness, model list, job status) leave the queue first.
+- requests leave the queue by class: probes (/healthz, /readyz) and keyed requests to other routes than
+  admission's (model list, job status) first, then keyed model requests, then requests without an API key
+  (other routes, then model routes). A storm without keys (answered 401 where keys are on) never holds
+  back a tenant's requests; with keys off every request is keyless and the order among routes stays.
 
 Measured against refusing at once in HAProxy past one queued request per replica (the obvious
 design, and issue 24's wording): at 800 clients that answered 21,500 503s a second, and the refusal
@@ -42,6 +45,9 @@ RAY_FASTINTER = "250ms"
 #: How long a health check's answer may take (HAProxy's `timeout check`; see backend_directives).
 HEALTH_CHECK_READ_TIMEOUT_S = 5.0
 
+#: The probes: they leave HAProxy's queue first, key or not.
+PROBE_PATHS = ("/healthz", "/readyz")
+
 #: serve-app's applications in a Serve config, by import path.
 SERVE_APP_IMPORT_PREFIX = "serve_app."
 
@@ -56,6 +62,7 @@ class ProxyShedding:
     #: admission's routes under each application's route prefix
     model_paths: tuple[str, ...] = MODEL_PATHS
     model_path_prefixes: tuple[str, ...] = MODEL_PATH_PREFIXES
+    probe_paths: tuple[str, ...] = PROBE_PATHS
 
     def backend_directives(self) -> list[str]:
         """The lines each HAProxy backend gets after its `default-server ... maxconn` line."""
@@ -70,8 +77,14 @@ class ProxyShedding:
             "http-request set-header x-request-id %[uuid] if !{ req.hdr(x-request-id) -m found }",
             "acl serve_app_model path " + " ".join(self.model_paths),
             "acl serve_app_model path_beg " + " ".join(self.model_path_prefixes),
-            # Lower classes leave the queue first: readiness and status calls do not wait behind a storm.
-            "http-request set-priority-class int(1) if serve_app_model",
+            "acl serve_app_probe path " + " ".join(self.probe_paths),
+            "acl serve_app_keyed req.hdr(authorization) -m found",
+            "acl serve_app_keyed req.hdr(x-api-key) -m found",
+            # Lower classes leave the queue first: probes and status calls do not wait behind a storm, and
+            # requests without a key wait behind every keyed one (the module's docstring).
+            "http-request set-priority-class int(1) if serve_app_model serve_app_keyed",
+            "http-request set-priority-class int(2) if !serve_app_model !serve_app_probe !serve_app_keyed",
+            "http-request set-priority-class int(3) if serve_app_model !serve_app_keyed",
             # HAProxy's own 503s (queue timeout, no replica up): the ingress's body, not Ray's bare 500,
             # and the caller's request id echoed as the replicas do.
             f"http-error status 503 content-type application/json string '{timed_out}' "
@@ -115,4 +128,5 @@ def shedding_for_config(config: Mapping[str, Any]) -> Optional[ProxyShedding]:
         model_paths=tuple(dict.fromkeys(p for _, prefix in found for p in _under(prefix, MODEL_PATHS))),
         model_path_prefixes=tuple(dict.fromkeys(
             p for _, prefix in found for p in _under(prefix, MODEL_PATH_PREFIXES))),
+        probe_paths=tuple(dict.fromkeys(p for _, prefix in found for p in _under(prefix, PROBE_PATHS))),
     )

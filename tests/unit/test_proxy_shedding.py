@@ -49,6 +49,7 @@ def test_several_applications_get_the_largest_bound_and_their_own_routes():
     assert (shedding.max_requests_per_replica, shedding.max_queue_wait_s, shedding.retry_after_s) == (8, 2.0, 5)
     assert "/b/translation" in shedding.model_paths and "/translation" in shedding.model_paths
     assert shedding.model_path_prefixes == ("/models/", "/b/models/")
+    assert shedding.probe_paths == ("/healthz", "/readyz", "/b/healthz", "/b/readyz")
     assert not any(path.startswith("/o") for path in shedding.model_paths)
 
 
@@ -187,6 +188,27 @@ def test_haproxy_sends_a_replica_no_more_than_it_holds_and_queues_the_rest(hapro
         assert [f.result().status_code for f in [*held, *queued]] == [200] * 4
     assert replica.seen[:3] == ["POST /translation"] * 2 + ["GET /readyz"]
     assert sorted(replica.seen[3:]) == ["POST /models/iris/predict", "POST /v1/embeddings"]
+
+
+def test_requests_without_a_key_leave_the_queue_after_every_keyed_one(haproxy_in_front):
+    """A storm without keys (401s where keys are on) must not hold back a tenant's requests; probes go first."""
+    url, replica, queued_in_haproxy = haproxy_in_front
+    keyed = {"Authorization": "Bearer k"}
+    with ThreadPoolExecutor(8) as pool:
+        held = [pool.submit(httpx.post, url + "/translation", json={}, headers=keyed, timeout=30) for _ in range(2)]
+        wait_for(lambda: replica.posts() == 2, 10, "the replica to hold 2 requests")
+        queued = [pool.submit(httpx.post, url + "/translation", json={}, timeout=30),  # keyless model route
+                  pool.submit(httpx.get, url + "/v1/models", timeout=30),  # keyless, another route
+                  pool.submit(httpx.post, url + "/v1/embeddings", json={}, headers={"X-API-Key": "k"}, timeout=30),
+                  pool.submit(httpx.get, url + "/jobs/j1", headers=keyed, timeout=30),
+                  pool.submit(httpx.get, url + "/readyz", timeout=30)]
+        wait_for(lambda: queued_in_haproxy() == 5, 10, "5 requests in HAProxy's queue")
+        replica.release()  # one slot: the probe and the keyed status call pass, then the keyed model request
+        wait_for(lambda: "POST /v1/embeddings" in replica.seen, 10, "the keyed model request")
+        replica.release(10)
+        assert [f.result().status_code for f in [*held, *queued]] == [200] * 7
+    assert sorted(replica.seen[2:4]) == ["GET /jobs/j1", "GET /readyz"], replica.seen  # class 0, in arrival order
+    assert replica.seen[4:] == ["POST /v1/embeddings", "GET /v1/models", "POST /translation"], replica.seen
 
 
 def test_a_request_that_waits_longer_than_max_wait_s_gets_the_overloaded_503(haproxy_in_front):
