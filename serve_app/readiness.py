@@ -19,9 +19,17 @@ class Readiness:
     def __init__(self, timeout_s: float):
         self.timeout_s = timeout_s
         self._reported_failures: set[tuple] = set()
+        self._probing: Optional[asyncio.Future] = None
 
     async def states(self, clients: list[ModelClient]) -> dict[str, str]:
-        """Each model deployment's state: `ready`, or why not.
+        """Each model deployment's state: `ready`, or why not. Callers at the same time share one probe:
+        /readyz needs no key, and a flood of it costs one call per deployment at a time, not one per request."""
+        if self._probing is None or self._probing.done():
+            self._probing = asyncio.ensure_future(self._states(clients))
+        return await asyncio.shield(self._probing)
+
+    async def _states(self, clients: list[ModelClient]) -> dict[str, str]:
+        """Each model deployment's state, probed.
 
         A deployment that no replica answers for is asked about at Serve's controller: when
         Serve gave up on it (DEPLOY_FAILED after repeated constructor failures, e.g. missing
