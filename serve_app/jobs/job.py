@@ -18,7 +18,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from dataclasses import asdict, dataclass, fields
+import math
+from dataclasses import asdict, dataclass, fields, replace
 from datetime import datetime, timezone
 from typing import Any, Awaitable, Literal, Optional, TypeVar
 
@@ -202,14 +203,27 @@ class StoreLimits:
     max_total_result_bytes: int
     retry_after_s: int
     max_job_result_bytes: int = 1 << 62
+    #: one owner's share of each bound (jobs.max_share_per_key)
+    max_unfinished_per_owner: int = 1 << 62
+    max_jobs_per_owner: int = 1 << 62
+    max_bytes_per_owner: int = 1 << 62
 
     @classmethod
     def of(cls, settings: AppSettings) -> "StoreLimits":
-        jobs = settings.jobs
-        return cls(max_unfinished_jobs=jobs.max_unfinished_jobs,
-                   max_jobs=jobs.max_unfinished_jobs + jobs.max_finished_jobs,
+        jobs, share = settings.jobs, settings.jobs.max_share_per_key
+        max_jobs = jobs.max_unfinished_jobs + jobs.max_finished_jobs
+        return cls(max_unfinished_jobs=jobs.max_unfinished_jobs, max_jobs=max_jobs,
                    max_total_result_bytes=jobs.max_total_result_bytes,
-                   retry_after_s=settings.ingress.retry_after_s, max_job_result_bytes=jobs.max_job_result_bytes)
+                   retry_after_s=settings.ingress.retry_after_s, max_job_result_bytes=jobs.max_job_result_bytes,
+                   max_unfinished_per_owner=max(1, math.ceil(share * jobs.max_unfinished_jobs)),
+                   max_jobs_per_owner=max(1, math.ceil(share * max_jobs)),
+                   max_bytes_per_owner=max(jobs.max_job_result_bytes, math.ceil(share * jobs.max_total_result_bytes)))
+
+    def for_owner(self, owner: str) -> "StoreLimits":
+        """The limits of `owner`'s submission: without API keys (ANONYMOUS) there is one owner, not bounded apart."""
+        if owner != ANONYMOUS:
+            return self
+        return replace(self, max_unfinished_per_owner=1 << 62, max_jobs_per_owner=1 << 62, max_bytes_per_owner=1 << 62)
 
     def outgrown(self, reason: str) -> ServeAppError:
         """The error a running job fails with when a chunk of its result would pass a bound (`reason`
@@ -224,6 +238,13 @@ class StoreLimits:
     def refusal(self, reason: str) -> Overloaded:
         """The 503 for a create the store refused (`reason` as the stores return it)."""
         retry = self.retry_after_s
+        if reason.startswith("owner_"):
+            bound = {"owner_unfinished": f"{self.max_unfinished_per_owner} queued or running jobs",
+                     "owner_jobs": f"{self.max_jobs_per_owner} jobs kept",
+                     "owner_bytes": f"{self.max_bytes_per_owner} result bytes"}[reason]
+            return JobStoreFull(
+                f"This API key's jobs hold {bound}, its share of the job store (jobs.max_share_per_key); finished "
+                f"jobs free theirs as they expire; retry after {retry} s.", retry_after_s=retry)
         if reason == "unfinished":
             return Overloaded(
                 f"{self.max_unfinished_jobs} jobs are queued or running, the most this service holds "

@@ -134,7 +134,7 @@ class JobRunner:
                            chunk_records=self.settings.jobs.chunk_records, created_at=self._clock(), key=key,
                            body_hash=digest, reserved_bytes=estimate, cluster=self.store.cluster)
         data = json.dumps(payload, separators=(",", ":")).encode()
-        stored = await store_call(self.store.create(record, data, self.limits))
+        stored = await store_call(self.store.create(record, data, self.limits.for_owner(owner)))
         if stored.id != record.id:  # the same key won a race with this submission
             return self._same(stored, digest).view()
         if self.holding:

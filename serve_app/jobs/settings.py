@@ -96,6 +96,13 @@ class JobSettings(Section):
         description="Result bytes the store holds in all (counted in the store, reserved at submission); a job "
         "that would pass it is 503 `job_store_full` + Retry-After until finished jobs expire.",
     )
+    max_share_per_key: float = Field(
+        0.5, gt=0.0, le=1.0,
+        description="The most of each store bound (max_unfinished_jobs, the jobs kept, max_total_result_bytes) "
+        "one API key's jobs may take, so that one tenant cannot fill the store for the others: past it that "
+        "key's `POST /jobs` is 503 `job_store_full` + Retry-After. 1.0: no bound per key. Without API keys "
+        "every request is one owner, which this does not bound. One job of max_job_result_bytes always fits.",
+    )
     chunk_records: int = Field(
         64, ge=1,
         description="Records per stored chunk of a job's result. Each chunk is written as it completes: a "

@@ -167,3 +167,34 @@ def test_an_embeddings_job_asking_for_dimensions_the_model_does_not_give_is_refu
             await runner.stop()
 
     asyncio.run(scenario())
+
+
+def test_each_key_s_share_of_the_store_is_computed_from_the_bounds_and_fits_one_whole_job():
+    from serve_app.jobs.job import StoreLimits
+
+    limits = StoreLimits.of(load_settings({}))
+    assert (limits.max_unfinished_per_owner, limits.max_jobs_per_owner) == (50, 550)
+    assert limits.max_bytes_per_owner == 128 * 1024 * 1024
+    small = StoreLimits.of(load_settings({"jobs": {"max_share_per_key": 0.01}}))
+    assert small.max_unfinished_per_owner == 1 and small.max_bytes_per_owner == small.max_job_result_bytes
+    assert limits.for_owner("anonymous").max_unfinished_per_owner > limits.max_unfinished_jobs
+    assert limits.for_owner("k-3f2a") is limits
+
+
+def test_one_api_key_cannot_queue_the_store_full_for_the_others(tmp_path):
+    from serve_app.jobs.job import JobStoreFull
+
+    async def scenario():
+        runner, _, _ = await _runner(tmp_path, start=False, max_unfinished_jobs=10, max_share_per_key=0.3)
+        try:
+            for _ in range(3):
+                await runner.submit("translation", _translation(2), owner="k-a")
+            with pytest.raises(JobStoreFull, match="This API key's jobs hold 3 queued or running jobs"):
+                await runner.submit("translation", _translation(2), owner="k-a")
+            await runner.submit("translation", _translation(2), owner="k-b")
+            for _ in range(5):  # without keys: one owner, bounded by the store alone
+                await runner.submit("translation", _translation(2))
+        finally:
+            await runner.stop()
+
+    asyncio.run(scenario())

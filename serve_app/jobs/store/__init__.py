@@ -8,7 +8,7 @@
 A store holds each job's record (serve_app.jobs.job.JobRecord), its submission (payload, dropped once
 the job finished), its result in chunks written as they complete (a restarted JobManager computes
 only the missing ones), the idempotency keys (per owner, forgotten with their job) and the result
-bytes of all jobs (bounded: `StoreLimits`, checked atomically with each create). Expired jobs read
+bytes of all jobs (bounded: `StoreLimits`, in all and per owner, checked atomically with each create). Expired jobs read
 as absent at once and are deleted by `purge`.
 
 Several Ray clusters may share one store: during a blue/green upgrade (a RayService's `NewCluster`
@@ -54,7 +54,7 @@ class JobStore(ABC):
     @abstractmethod
     async def create(self, record: JobRecord, payload: bytes, limits: StoreLimits) -> JobRecord:
         """Store a new job, or return the live job already holding `record.key` for its owner
-        (nothing stored then). Raises the `limits.refusal` when the store is full."""
+        (nothing stored then). Raises the `limits.refusal` when the store, or the owner's share of it, is full."""
 
     @abstractmethod
     async def find(self, owner: str, key: str) -> Optional[JobRecord]:

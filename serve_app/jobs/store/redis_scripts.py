@@ -1,6 +1,9 @@
 """The job store's Lua scripts (serve_app/jobs/store/redis_store.py): every change that must be atomic is
 one script, so two JobManagers or a crash between calls never leave the counts wrong."""
 
+#: KEYS: job, payload, unfinished, keys, stats, expiry. ARGV: id, key field, now, the store's three bounds, reserved
+#: bytes, payload, the record, the prefix, created_at, owner, the owner's three bounds. An owner's jobs are counted
+#: by reading the unfinished and kept ones (at most the store's bounds), not by counters that could drift.
 CREATE = """
 if ARGV[2] ~= '' then
   local existing = redis.call('HGET', KEYS[4], ARGV[2])
@@ -13,6 +16,20 @@ if redis.call('ZCARD', KEYS[3]) >= tonumber(ARGV[4]) then return {'refused', 'un
 if tonumber(redis.call('HGET', KEYS[5], 'jobs') or '0') >= tonumber(ARGV[5]) then return {'refused', 'jobs'} end
 local bytes = tonumber(redis.call('HGET', KEYS[5], 'bytes') or '0')
 if bytes + tonumber(ARGV[7]) > tonumber(ARGV[6]) then return {'refused', 'bytes'} end
+local unfinished, jobs, held = 0, 0, tonumber(ARGV[7])
+for n, ids in ipairs({redis.call('ZRANGE', KEYS[3], 0, -1), redis.call('ZRANGE', KEYS[6], 0, -1)}) do
+  for _, id in ipairs(ids) do
+    local f = redis.call('HMGET', ARGV[10] .. 'job:' .. id, 'owner', 'reserved_bytes')
+    if f[1] == ARGV[12] then
+      if n == 1 then unfinished = unfinished + 1 end
+      jobs = jobs + 1
+      held = held + tonumber(f[2] or '0')
+    end
+  end
+end
+if unfinished >= tonumber(ARGV[13]) then return {'refused', 'owner_unfinished'} end
+if jobs >= tonumber(ARGV[14]) then return {'refused', 'owner_jobs'} end
+if held > tonumber(ARGV[15]) then return {'refused', 'owner_bytes'} end
 redis.call('HSET', KEYS[1], unpack(cjson.decode(ARGV[9])))
 redis.call('SET', KEYS[2], ARGV[8])
 redis.call('ZADD', KEYS[3], ARGV[11], ARGV[1])

@@ -106,11 +106,12 @@ class RedisJobStore(JobStore):
         await self.purge(self._clock())  # expired jobs make room, and free their keys
         keyfield = f"{record.owner}\n{record.key}" if record.key else ""
         outcome, value = await self.redis.eval(
-            CREATE, 5, self.key("job", record.id), self.key("payload", record.id), self.key("unfinished"),
-            self.key("keys"), self.key("stats"),
+            CREATE, 6, self.key("job", record.id), self.key("payload", record.id), self.key("unfinished"),
+            self.key("keys"), self.key("stats"), self.key("expiry"),
             record.id, keyfield, self._clock(), limits.max_unfinished_jobs, limits.max_jobs,
             limits.max_total_result_bytes, record.reserved_bytes, payload, json.dumps(_encode(record)), self.prefix,
-            repr(record.created_at))
+            repr(record.created_at), record.owner, limits.max_unfinished_per_owner, limits.max_jobs_per_owner,
+            limits.max_bytes_per_owner)
         outcome, value = outcome.decode(), value.decode()
         if outcome == "refused":
             raise limits.refusal(value)

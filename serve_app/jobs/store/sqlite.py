@@ -36,6 +36,7 @@ CREATE TABLE IF NOT EXISTS jobs (
 );
 CREATE UNIQUE INDEX IF NOT EXISTS jobs_by_key ON jobs (owner, key) WHERE key IS NOT NULL;
 CREATE INDEX IF NOT EXISTS jobs_by_status ON jobs (status, created_at);
+CREATE INDEX IF NOT EXISTS jobs_by_owner ON jobs (owner);
 CREATE INDEX IF NOT EXISTS jobs_by_expiry ON jobs (expires_at) WHERE expires_at IS NOT NULL;
 CREATE TABLE IF NOT EXISTS chunks (
     job_id TEXT NOT NULL, idx INTEGER NOT NULL, records INTEGER NOT NULL, meta TEXT NOT NULL, data BLOB NOT NULL,
@@ -48,6 +49,8 @@ _COLUMNS = ("id", "owner", "task", "status", "records_total", "records_done", "c
             "cluster")
 _SELECT = f"SELECT {', '.join(_COLUMNS)} FROM jobs"
 _UNFINISHED = "('queued', 'running')"
+#: what the store holds (add a WHERE to count one owner's): unfinished jobs, jobs, result bytes reserved
+_HELD = f"SELECT COALESCE(SUM(status IN {_UNFINISHED}), 0), COUNT(*), COALESCE(SUM(reserved_bytes), 0) FROM jobs"
 #: the results the store holds, as counted against jobs.max_total_result_bytes (reserved, or stored where more)
 _RESULT_BYTES = "SELECT COALESCE(SUM(reserved_bytes), 0) FROM jobs"
 
@@ -113,15 +116,15 @@ class SqliteJobStore(JobStore):
                 if row is not None and self._live(_record(row)) is not None:
                     return _record(row)
             self._purge(db, now)  # an expired holder of the key, and expired results, make room
-            unfinished, jobs, total = db.execute(
-                f"SELECT COALESCE(SUM(status IN {_UNFINISHED}), 0), COUNT(*), COALESCE(SUM(reserved_bytes), 0) "
-                "FROM jobs").fetchone()
-            if unfinished >= limits.max_unfinished_jobs:
-                raise limits.refusal("unfinished")
-            if jobs >= limits.max_jobs:
-                raise limits.refusal("jobs")
-            if total + record.reserved_bytes > limits.max_total_result_bytes:
-                raise limits.refusal("bytes")
+            for where, args, prefix, bounds in (
+                    ("", (), "", (limits.max_unfinished_jobs, limits.max_jobs, limits.max_total_result_bytes)),
+                    (" WHERE owner = ?", (record.owner,), "owner_",
+                     (limits.max_unfinished_per_owner, limits.max_jobs_per_owner, limits.max_bytes_per_owner))):
+                unfinished, jobs, total = db.execute(_HELD + where, args).fetchone()
+                for reason, past in (("unfinished", unfinished >= bounds[0]), ("jobs", jobs >= bounds[1]),
+                                     ("bytes", total + record.reserved_bytes > bounds[2])):
+                    if past:
+                        raise limits.refusal(prefix + reason)
             values = {**record.to_dict(), "error": None, "payload": payload}
             names = (*_COLUMNS, "payload")
             db.execute(f"INSERT INTO jobs ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
