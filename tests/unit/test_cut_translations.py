@@ -230,3 +230,17 @@ def test_join_pieces_refuses_a_count_that_does_not_match():
     assert join_pieces(["a. b.", "c"], pieces, ["A.", "B.", "C"]) == ["A. B.", "C"]
     with pytest.raises(ValueError, match="2 translations for 3"):
         join_pieces(["a. b.", "c"], pieces, ["A.", "B."])
+
+
+def test_a_run_without_spaces_is_cut_between_graphemes_and_joins_back_unchanged():
+    """From a read-only review: a run over the limit without an ASCII space was cut at exactly 400 code points,
+    inside an emoji or before a combining mark, and joined back with a space inserted (a URL, a token)."""
+    family = "\U0001F468\u200d\U0001F469\u200d\U0001F467"
+    for text in ("ab" + family * 100, "see https://example.com/" + "a" * 450 + " end", "e\u0301" * 300,
+                 "\U0001F44D\U0001F3FD" * 250):
+        pieces = segment(text, 400)
+        assert all(len(p) <= 400 for p, _ in pieces)
+        assert join([p for p, _ in pieces], pieces) == text
+        assert not any(p.startswith(("\u200d", "\u0301", "\U0001F3FD")) for p, _ in pieces), pieces
+    nbsp = "word\u00a0" * 119 + "word"  # any whitespace may end a chunk, not only an ASCII space
+    assert [len(p) for p, _ in segment(nbsp, 400)] == [399, 199]
