@@ -32,6 +32,7 @@ from .job import (
 from .reads import job_view
 from .results import DEFAULT_EMBEDDING_DIM, encode_chunk_of, estimate_bytes, parse_submission, piece, records_of
 from . import retry
+from .fair import FairSlots
 from .store import JobStore, open_store
 
 logger = logging.getLogger("ray.serve")
@@ -50,7 +51,7 @@ class JobRunner:
         self.limits = StoreLimits.of(settings)
         self._clock = clock
         self._tasks: dict[str, asyncio.Task] = {}
-        self._running = asyncio.Semaphore(settings.jobs.max_running_jobs)
+        self._running = FairSlots(settings.jobs.max_running_jobs)
         self._job_settings = job_settings(settings)
         models = {name: c for name, c in clients.items() if name not in ("translation", "embeddings")}
         #: validates submissions (and answers model info) with the job limits
@@ -60,8 +61,7 @@ class JobRunner:
         #: computes job chunks: every model call in the background
         self._service = Service(self._job_settings, translator=bg["translation"], embedder=bg["embeddings"],
                                 models={n: c for n, c in bg.items() if n in models})
-        self.holding = False
-        self._maintenance: Optional[asyncio.Task] = None
+        self.holding, self._maintenance = False, None  # (the latter: the maintenance task, once started)
         self.chunks_computed = self.chunks_resumed = 0  #: this process's chunks: computed; found stored at a (re)start
 
     # -- life cycle --------------------------------------------------------------------------
@@ -175,18 +175,18 @@ class JobRunner:
         return body
 
     # -- compute -----------------------------------------------------------------------------
-    def _launch(self, record: JobRecord) -> bool:
+    def _launch(self, record: JobRecord) -> bool:  # (a task for a job without one here)
         if record.id in self._tasks:
             return False
-        self._tasks[record.id] = asyncio.create_task(self._run(record.id), name=f"job-{record.id}")
+        self._tasks[record.id] = asyncio.create_task(self._run(record.id, record.owner), name=f"job-{record.id}")
         return True
 
-    async def _run(self, job_id: str) -> None:
-        """Compute a job's missing chunks and record how it ended. A cancelled task (DELETE, lease
-        lost, shutdown) records nothing: `cancel` wrote the state first, or the next runner resumes
-        the job; nor does a store failing past retry.STORE_RETRY_S: the maintenance sweep resumes it."""
+    async def _run(self, job_id: str, owner: str) -> None:
+        """Compute a job's missing chunks, in a running slot fair between owners (jobs/fair.py), and record how it
+        ended. A cancelled task (DELETE, lease lost, shutdown) records nothing: `cancel` wrote the state first, or
+        the next runner resumes the job; nor does a store failing past retry.STORE_RETRY_S: the sweep resumes it."""
         try:
-            async with self._running:
+            async with self._running.slot(owner):
                 record = await retry.store_write(lambda: self.store.get(job_id))
                 if record is None or record.finished:
                     return

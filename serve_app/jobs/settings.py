@@ -26,7 +26,8 @@ class JobSettings(Section):
     )
     max_running_jobs: int = Field(
         2, ge=1,
-        description="Jobs computing at once; the rest wait `queued`, first in first out. More lets small jobs "
+        description="Jobs computing at once; the rest wait `queued`, in turn between API keys (the key served least "
+        "recently first), then first in first out. More lets small jobs "
         "pass a large one; each running job keeps up to max_inflight_calls_per_job calls at the models.",
     )
     max_inflight_calls_per_job: int = Field(

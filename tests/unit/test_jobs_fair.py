@@ -1,0 +1,93 @@
+"""Running slots fair between API keys (serve_app/jobs/fair.py): one key's queued jobs do not run ahead of every
+other key's; with one owner, first in, first out."""
+
+from __future__ import annotations
+
+import asyncio
+
+from serve_app.jobs.fair import FairSlots
+
+from .fakes import FakeTranslator
+from .test_jobs import _runner, _translation
+
+
+def test_a_freed_slot_goes_to_the_owner_holding_fewest_then_to_the_longest_waiting():
+    async def scenario():
+        slots, order, gates = FairSlots(1), [], {}
+
+        async def job(name: str, owner: str):
+            async with slots.slot(owner):
+                order.append(name)
+                gates[name] = asyncio.Event()
+                await gates[name].wait()
+
+        tasks = [asyncio.create_task(job(f"a{i}", "a")) for i in range(4)]
+        await asyncio.sleep(0)
+        tasks += [asyncio.create_task(job("b0", "b")), asyncio.create_task(job("c0", "c"))]
+        for name in ("a0", "b0", "c0", "a1", "a2", "a3"):  # each freed slot, once its holder is done
+            async with asyncio.timeout(5):
+                while name not in gates:
+                    await asyncio.sleep(0.001)
+            gates[name].set()
+        await asyncio.gather(*tasks)
+        return order
+
+    # All queued while a0 ran. As each ends, every owner holds 0: the owner served least recently goes first
+    # (b and c, never served, then a), and among one owner's jobs the longest waiting.
+    assert asyncio.run(scenario()) == ["a0", "b0", "c0", "a1", "a2", "a3"]
+
+
+def test_a_waiter_cancelled_gives_its_turn_to_the_next_and_nothing_leaks():
+    async def scenario():
+        slots, release = FairSlots(1), asyncio.Event()
+
+        async def hold():
+            async with slots.slot("a"):
+                await release.wait()
+
+        async def take(owner: str):
+            async with slots.slot(owner):
+                return owner
+
+        holder = asyncio.create_task(hold())
+        await asyncio.sleep(0)
+        gone, next_ = asyncio.create_task(take("b")), asyncio.create_task(take("c"))
+        await asyncio.sleep(0)
+        gone.cancel()
+        release.set()
+        assert await next_ == "c"
+        await asyncio.gather(holder, gone, return_exceptions=True)
+        assert not slots.held and not slots._waiting
+
+    asyncio.run(scenario())
+
+
+def test_another_key_s_job_runs_at_the_next_free_slot_not_after_the_first_key_s_backlog(tmp_path):
+    class Recording(FakeTranslator):
+        def __init__(self):
+            super().__init__(delay_s=0.02)
+            self.texts: list[str] = []
+
+        async def call(self, method, *args, **kwargs):
+            if method == "translate":
+                self.texts.append(args[0].texts[0])
+            return await super().call(method, *args, **kwargs)
+
+    async def scenario():
+        translator = Recording()
+        runner, _, _ = await _runner(tmp_path, translator, start=False, max_running_jobs=1)
+        payload = lambda tag: {**_translation(1), "records": [{"id": "0", "text": tag}]}  # noqa: E731
+        for i in range(4):
+            await runner.submit("translation", payload(f"a{i}"), owner="k-a")
+        await runner.submit("translation", payload("b0"), owner="k-b")
+        await runner.start()
+        try:
+            async with asyncio.timeout(20):
+                while len(translator.texts) < 5:
+                    await asyncio.sleep(0.01)
+        finally:
+            await runner.stop()
+        return translator.texts
+
+    texts = asyncio.run(scenario())
+    assert texts.index("b0") <= 1, texts  # the first slot's job, then b0: not after a1, a2 and a3
