@@ -96,8 +96,9 @@ class AIMDBatchSizer:
     def window_p99_s(self) -> Optional[float]:
         return p99(self._window) if self._window else None
 
-    def observe(self, latency_s: float, records: int) -> int:
-        """One batch of `records` took `latency_s` of model time; returns the (new) live size."""
+    def observe(self, latency_s: float, records: int, full: bool = False) -> int:
+        """One batch of `records` took `latency_s` of model time; returns the (new) live size. `full`: the batch
+        was as full as it could be (the next call did not fit), though smaller than the size."""
         if records < 1:
             return self.size
         self._window.append(float(latency_s))
@@ -109,7 +110,7 @@ class AIMDBatchSizer:
             if smaller < self.size:
                 self.decreases += 1
                 self._set(smaller)
-        elif records >= self.size:  # a part-filled batch under target says nothing of a larger size
+        elif full or records >= self.size:  # a part-filled batch under target says nothing of a larger size
             larger = self._clamp(self.size + self.settings.increase_records)
             if larger > self.size:
                 self.increases += 1

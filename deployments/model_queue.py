@@ -61,6 +61,8 @@ class BatchOutcome:
     #: every call failed, but the last call that had succeeded, as large as this batch and computed again
     #: right after, succeeded again: the inputs were bad, not the model
     inputs_blamed: bool = False
+    #: the batch was full: at its cap, or the next waiting call did not fit (`ModelQueue._next_batch`)
+    full: bool = False
 
 
 class ModelQueue:
@@ -179,17 +181,17 @@ class ModelQueue:
         _, batch, _, full = self._next_batch()
         return deadline if batch and not full else None
 
-    def _take(self) -> tuple[int, list[_Entry]]:
+    def _take(self) -> tuple[int, list[_Entry], bool]:
         """Under the lock: take the next batch (see `_next_batch`) off the queue and mark it running."""
         while True:
-            priority, batch, spanned, _ = self._next_batch()
+            priority, batch, spanned, full = self._next_batch()
             for _ in range(spanned):
                 self._waiting[priority].popleft()
             # A call cancelled since `_next_batch` looked is dropped here, never computed; if that
             # emptied the batch, look again rather than sleep with calls still waiting.
             running = [e for e in batch if e.future.set_running_or_notify_cancel()]
             if running or not batch:
-                return priority, running
+                return priority, running, full
 
     def _work(self) -> None:
         name_native_thread(self._thread.name)
@@ -200,7 +202,7 @@ class ModelQueue:
                     if deadline is not None:
                         self._ready.wait(max(0.0, deadline - time.perf_counter()))
                         continue
-                    priority, batch = self._take()
+                    priority, batch, full = self._take()
                     if batch or self._closed:
                         break
                     self._ready.wait()
@@ -208,13 +210,13 @@ class ModelQueue:
             if not batch:
                 return
             try:
-                self._run(priority, batch)
+                self._run(priority, batch, full)
             finally:
                 with self._ready:
                     self._running = False
                     self._recent_calls.append(len(batch))
 
-    def _run(self, priority: int, batch: list[_Entry]) -> None:
+    def _run(self, priority: int, batch: list[_Entry], full: bool = False) -> None:
         records = sum(e.records for e in batch)
         start, cpu_start = time.perf_counter(), time.thread_time()
         error: Optional[BaseException] = None
@@ -239,7 +241,7 @@ class ModelQueue:
             self._remember_good(batch, outputs)
         if self._on_batch is not None:
             try:
-                self._on_batch(BatchOutcome(priority, records, seconds, cpu_seconds, failed, error, blamed))
+                self._on_batch(BatchOutcome(priority, records, seconds, cpu_seconds, failed, error, blamed, full))
             except Exception:  # pragma: no cover - bookkeeping must never lose a result
                 logger.exception("model batch bookkeeping failed")
         for entry, out in zip(batch, outputs):

@@ -259,7 +259,7 @@ class ModelReplica:
         self._stats["computed_background" if background else "computed_interactive"] += outcome.records
         self.metrics.observe_batch(outcome.records, outcome.seconds)
         if (sizer := self._sizer) is not None and not background:  # job batches are capped apart: no evidence
-            sizer.observe(outcome.seconds, outcome.records)
+            sizer.observe(outcome.seconds, outcome.records, outcome.full)
 
     def check_health(self) -> None:
         """Serve calls this every health_check_period_s; raising marks the replica unhealthy."""

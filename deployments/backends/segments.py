@@ -54,7 +54,8 @@ def segment(text: str, max_chars: int) -> list[tuple[str, str]]:
 def _chunk(sentence: str, max_chars: int) -> list[tuple[str, str]]:
     """(chunk, separator-after) pairs of at most `max_chars`: cut at the last whitespace that fits (any kind:
     NBSP, U+3000), followed by " "; a run without any is cut where no character joins the one before it
-    (a combining mark, an emoji's zero-width joiner or modifier), followed by "", so that it joins back whole."""
+    (a combining mark, an emoji's zero-width joiner or modifier) within the last half of the window, followed by
+    "", so that it joins back whole."""
     chunks = []
     while len(sentence) > max_chars:
         spaces = [m.start() for m in _WHITESPACE.finditer(sentence, 1, max_chars + 1)]
@@ -62,8 +63,10 @@ def _chunk(sentence: str, max_chars: int) -> list[tuple[str, str]]:
             cut, gap = spaces[-1], " "
         else:
             cut, gap = max_chars, ""
-            while cut > 1 and _joins(sentence[cut - 1], sentence[cut]):
+            while cut > max_chars // 2 and _joins(sentence[cut - 1], sentence[cut]):
                 cut -= 1
+            if _joins(sentence[cut - 1], sentence[cut]):  # no grapheme boundary near: a run of marks, cut anyway
+                cut = max_chars
         chunks.append((sentence[:cut].strip(), gap))
         sentence = sentence[cut:].strip()
     if sentence:

@@ -10,9 +10,9 @@ import httpx
 
 from .retry import RetryPolicy
 from .wire import (
-    FINISHED_JOB_STATES, SUBMIT_TIMEOUT_S, JobCancelled, JobSpec, ServeAppHTTPError, answer, auth_headers,
-    checked, deadline_headers, embeddings_body, job_outcome, job_path, merge_page, outputs, predict_path, submission_headers,
-    translation_body, translations, vectors,
+    FINISHED_JOB_STATES, PASSING_STATUSES, SUBMIT_TIMEOUT_S, JobCancelled, JobSpec, ServeAppHTTPError, answer,
+    auth_headers, checked, deadline_headers, embeddings_body, job_outcome, job_path, merge_page, outputs,
+    predict_path, submission_headers, translation_body, translations, vectors,
 )
 
 class AsyncJob:
@@ -35,8 +35,8 @@ class AsyncJob:
                     return job_outcome(await self._client._whole(view), parse)
             except httpx.TransportError:
                 pass  # the service may be restarting: keep polling
-            except ServeAppHTTPError as exc:  # a 5xx (503, a 504 deadline) may pass, as for the sync poller
-                if exc.status_code < 500:
+            except ServeAppHTTPError as exc:  # a 502/503/504 (a deadline) may pass, as for the sync poller
+                if exc.status_code not in PASSING_STATUSES:
                     raise
             await asyncio.sleep(interval)
             interval = min(interval * 2, policy.max_poll_interval_s)

@@ -12,9 +12,9 @@ import httpx
 
 from .retry import RetryPolicy
 from .wire import (
-    FINISHED_JOB_STATES, SUBMIT_TIMEOUT_S, JobCancelled, JobSpec, ServeAppHTTPError, answer, auth_headers, checked,
-    deadline_headers, embeddings_body, job_outcome, job_path, merge_page, outputs, predict_path, submission_headers,
-    translation_body, translations, vectors,
+    FINISHED_JOB_STATES, PASSING_STATUSES, SUBMIT_TIMEOUT_S, JobCancelled, JobSpec, ServeAppHTTPError, answer,
+    auth_headers, checked, deadline_headers, embeddings_body, job_outcome, job_path, merge_page, outputs,
+    predict_path, submission_headers, translation_body, translations, vectors,
 )
 
 
@@ -110,8 +110,8 @@ class _JobPoller:
                     continue
                 try:
                     view = self._client.job(future.job_id)
-                except ServeAppHTTPError as exc:  # 404: expired; a 5xx (503, a 504 deadline) may pass: poll on
-                    if exc.status_code < 500:
+                except ServeAppHTTPError as exc:  # 404: expired; a 502/503/504 (a deadline) may pass: poll on
+                    if exc.status_code not in PASSING_STATUSES:
                         future._fail(exc)
                         self._forget(future)
                         changed = True

@@ -18,6 +18,9 @@ import httpx
 
 #: statuses worth retrying: the server said "not now", not "never"
 RETRYABLE_STATUSES = (503,)
+#: answers to a job poll that pass while the job runs on (overloaded, restarting, the ingress's deadline); a 500 or
+#: a 4xx fails the job's future
+PASSING_STATUSES = (502, 503, 504)
 
 
 class ServeAppHTTPError(RuntimeError):

@@ -96,7 +96,9 @@ def test_only_a_full_batch_under_target_grows_the_size_and_any_slow_one_shrinks_
     controller, _ = sizer(initial=8)
     assert [controller.observe(0.01, records=3) for _ in range(20)] == [8] * 20
     assert controller.observe(0.01, records=8) == 9
-    assert controller.observe(0.5, records=2) == 4  # slow even part-filled: over target at this size
+    # calls of 8 records fill at most 8 of 9: a batch the next call did not fit is full (else it would never grow)
+    assert controller.observe(0.01, records=8, full=True) == 10
+    assert controller.observe(0.5, records=2) == 5  # slow even part-filled: over target at this size
 
 
 def test_empty_batches_are_ignored():

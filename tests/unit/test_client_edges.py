@@ -1,6 +1,6 @@
 """serve_app.client's edges found by a read-only review (2026-11-30): one string is not a list of texts, a wait
 never comes before Retry-After, `models()` raises the service's errors, and a job is polled through a passing
-5xx (a 504 deadline, a 500) instead of failing its future while the job runs on."""
+502/503/504 (a 504 deadline) instead of failing its future while the job runs on; a 500 still fails it."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def test_models_raises_the_service_s_error_with_its_type():
 
 
 class PassingErrors(FakeJobServer):
-    """The first GETs of each job answer a 504 (the ingress's deadline on the JobManager call), then a 500."""
+    """The first GETs of each job answer a 504 (the ingress's deadline on the JobManager call), then a 502."""
 
     def __init__(self):
         super().__init__(polls_before_done=1)
@@ -63,12 +63,12 @@ class PassingErrors(FakeJobServer):
             job_id = request.url.path.rsplit("/", 1)[-1]
             seen = self.errors[job_id] = self.errors.get(job_id, 0) + 1
             if seen <= 2:
-                status, kind = (504, "timeout") if seen == 1 else (500, "internal_error")
+                status, kind = (504, "timeout") if seen == 1 else (502, "bad_gateway")
                 return httpx.Response(status, json={"error": "passing", "error_type": kind})
         return super().__call__(request)
 
 
-def test_a_job_is_polled_through_a_passing_504_or_500_by_both_clients():
+def test_a_job_is_polled_through_a_passing_504_or_502_by_both_clients():
     with Client(transport=httpx.MockTransport(PassingErrors()), retry=FAST_POLL) as client:
         assert client.submit_translation(["a"], source="en", target="pt").result(timeout=10) == ["A"]
 

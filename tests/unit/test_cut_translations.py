@@ -242,5 +242,7 @@ def test_a_run_without_spaces_is_cut_between_graphemes_and_joins_back_unchanged(
         assert all(len(p) <= 400 for p, _ in pieces)
         assert join([p for p, _ in pieces], pieces) == text
         assert not any(p.startswith(("\u200d", "\u0301", "\U0001F3FD")) for p, _ in pieces), pieces
+    marks = "a" + "\u0301" * 1200  # no grapheme boundary anywhere: cut at the limit, not one character at a time
+    assert len(segment(marks, 400)) == 4 and join([p for p, _ in segment(marks, 400)], segment(marks, 400)) == marks
     nbsp = "word\u00a0" * 119 + "word"  # any whitespace may end a chunk, not only an ASCII space
     assert [len(p) for p, _ in segment(nbsp, 400)] == [399, 199]

@@ -112,3 +112,24 @@ def test_each_cluster_s_job_manager_runs_its_own_jobs_then_adopts_those_of_the_c
                 await job_runner.stop()
 
     asyncio.run(scenario())
+
+
+def test_adopting_skips_a_job_whose_record_is_gone_from_redis(redis_server):  # noqa: F811 - the fixture
+    """An id left in `unfinished` without its record (evicted, deleted by hand): adopting must not write a stub
+    record, which every later read of the unfinished jobs would fail to decode."""
+    from serve_app.jobs.store.redis_store import RedisJobStore
+
+    async def scenario():
+        old, new = (RedisJobStore(redis_server.url, prefix="test:gone-record:", cluster=c) for c in ("", "green"))
+        try:
+            await old.create(_job(1), b"{}", LIMITS)
+            await old.create(_job(2), b"{}", LIMITS)
+            await old.redis.delete(old.key("job", "job1"))
+            assert await new.adopt("") == 1
+            assert _clusters(await new.unfinished()) == {"job2": "green"}
+            assert not await old.redis.exists(old.key("job", "job1"))
+        finally:
+            await old.close()
+            await new.close()
+
+    asyncio.run(scenario())

@@ -97,6 +97,8 @@ def test_calls_that_waited_while_the_model_was_busy_ride_in_one_batch_up_to_the_
     assert [f.result(10)[1] for f in waiting] == [4, 4, 4, 4, 2, 2]
     assert two.result(10)[1] == 2 and other.result(10)[0] == "other fn"
     assert [o.records for o in outcomes] == [1, 4, 2, 1, 2] and not any(o.failed for o in outcomes)
+    # full: at the cap (r0-r3; `other`, whose cap is its own record), not when the next call is another computation
+    assert [o.full for o in outcomes] == [False, True, False, True, False]
     queue.shutdown()
 
 

@@ -117,7 +117,7 @@ if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 local n = 0
 for _, id in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
   local job = ARGV[3] .. 'job:' .. id
-  if (redis.call('HGET', job, 'cluster') or '') == ARGV[1] then
+  if redis.call('EXISTS', job) == 1 and (redis.call('HGET', job, 'cluster') or '') == ARGV[1] then
     redis.call('HSET', job, 'cluster', ARGV[2])
     n = n + 1
   end

@@ -85,7 +85,11 @@ class SqliteJobStore(JobStore):
             db.execute("PRAGMA synchronous=NORMAL")
             db.executescript(SCHEMA)
             if "cluster" not in {row[1] for row in db.execute("PRAGMA table_info(jobs)")}:  # a store from before
-                db.execute("ALTER TABLE jobs ADD COLUMN cluster TEXT NOT NULL DEFAULT ''")
+                try:
+                    db.execute("ALTER TABLE jobs ADD COLUMN cluster TEXT NOT NULL DEFAULT ''")
+                except sqlite3.OperationalError as exc:  # another process added it in between
+                    if "duplicate column" not in str(exc):
+                        raise
             self._db = db
         return self._db
 
