@@ -32,6 +32,7 @@ from .job import (
 from .reads import job_view
 from .results import DEFAULT_EMBEDDING_DIM, encode_chunk_of, estimate_bytes, parse_submission, piece, records_of
 from . import retry
+from .adoption import Adoption
 from .fair import FairSlots
 from .store import JobStore, open_store
 
@@ -52,6 +53,7 @@ class JobRunner:
         self._clock = clock
         self._tasks: dict[str, asyncio.Task] = {}
         self._running = FairSlots(settings.jobs.max_running_jobs)
+        self._adoption = Adoption(self.store, time.monotonic)
         self._job_settings = job_settings(settings)
         models = {name: c for name, c in clients.items() if name not in ("translation", "embeddings")}
         #: validates submissions (and answers model info) with the job limits
@@ -88,10 +90,8 @@ class JobRunner:
         if not self.holding and not await self.store.lease().acquire():
             return
         records, mine = await self.store.unfinished(), self.store.cluster
-        for other in sorted({r.cluster for r in records} - {mine}):
-            if adopted := await self.store.adopt(other):
-                logger.warning("%d unfinished jobs of cluster %r adopted: its lease is free", adopted, other)
-                records = await self.store.unfinished()
+        if await self._adoption.adopt_gone(r.cluster for r in records if r.cluster != mine):
+            records = await self.store.unfinished()
         resumed = sum(self._launch(r) for r in records if r.cluster == mine)
         if resumed or not self.holding:
             logger.info("job store lease held: %d queued or running jobs resumed", resumed)

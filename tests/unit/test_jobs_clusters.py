@@ -9,6 +9,7 @@ import asyncio
 import sqlite3
 from dataclasses import replace
 
+from serve_app.jobs import adoption
 from serve_app.jobs.runner import JobRunner
 from serve_app.jobs.store.sqlite import SCHEMA, SqliteJobStore
 from serve_app.settings import load_settings
@@ -82,7 +83,8 @@ def _texts(translator) -> set[str]:
 
 
 def test_each_cluster_s_job_manager_runs_its_own_jobs_then_adopts_those_of_the_cluster_gone(
-        tmp_path, fast_maintenance):  # noqa: F811 - the fixture
+        tmp_path, fast_maintenance, monkeypatch):  # noqa: F811 - the fixture
+    monkeypatch.setattr(adoption, "ADOPT_AFTER_S", 0.0)
     settings = load_settings({"jobs": {"max_records_per_job": 50, "chunk_records": 8}})
 
     def runner(cluster: str, translator) -> JobRunner:
@@ -131,5 +133,35 @@ def test_adopting_skips_a_job_whose_record_is_gone_from_redis(redis_server):  # 
         finally:
             await old.close()
             await new.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_cluster_s_jobs_are_adopted_only_once_its_lease_stayed_free_past_the_grace(tmp_path):
+    """A JobManager replica of the new cluster lost and restarted (its lease lapses for a moment) must not hand
+    its jobs to the old cluster, to run on older code."""
+    now = [0.0]
+
+    async def scenario():
+        blue, green = (SqliteJobStore(tmp_path / "jobs.sqlite3", cluster=c) for c in ("blue", "green"))
+        watch = adoption.Adoption(blue, lambda: now[0])
+        try:
+            await green.create(replace(_job(1), cluster="green"), b"{}", LIMITS)
+            assert await green.lease().acquire() and await watch.adopt_gone(["green"]) == 0
+            await green.lease().release()  # green's JobManager lost...
+            assert await watch.adopt_gone(["green"]) == 0
+            now[0] = adoption.ADOPT_AFTER_S - 1
+            assert await watch.adopt_gone(["green"]) == 0
+            assert await green.lease().acquire()  # ...and back within the grace: its jobs stay its own
+            now[0] = 2 * adoption.ADOPT_AFTER_S
+            assert await watch.adopt_gone(["green"]) == 0
+            await green.lease().release()  # green gone for good
+            assert await watch.adopt_gone(["green"]) == 0
+            now[0] += adoption.ADOPT_AFTER_S
+            assert await watch.adopt_gone(["green"]) == 1
+            assert _clusters(await blue.unfinished()) == {"job1": "blue"}
+        finally:
+            await blue.close()
+            await green.close()
 
     asyncio.run(scenario())

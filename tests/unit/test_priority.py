@@ -14,8 +14,7 @@ from deployments.settings import TranslationSettings
 from deployments.translator import Translator
 
 
-def _run(fn):
-    """A compute function for ModelQueue.submit: each call's item is a callable; one output per call."""
+def _run(fn):  # a compute function for ModelQueue.submit: each call's item is a callable; one output per call
     return [item() for item in fn]
 
 
@@ -97,8 +96,7 @@ def test_calls_that_waited_while_the_model_was_busy_ride_in_one_batch_up_to_the_
     assert [f.result(10)[1] for f in waiting] == [4, 4, 4, 4, 2, 2]
     assert two.result(10)[1] == 2 and other.result(10)[0] == "other fn"
     assert [o.records for o in outcomes] == [1, 4, 2, 1, 2] and not any(o.failed for o in outcomes)
-    # full: at the cap (r0-r3; `other`, whose cap is its own record), not when the next call is another computation
-    assert [o.full for o in outcomes] == [False, True, False, True, False]
+    assert [o.full for o in outcomes] == [False, True, False, True, False]  # at the cap; not before another fn
     queue.shutdown()
 
 

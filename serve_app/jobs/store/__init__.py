@@ -16,8 +16,8 @@ strategy) the old cluster keeps serving until the new one is ready, both on the 
 is stamped with the cluster it was submitted to (`JobRecord.cluster`), and each cluster's jobs have
 their own `Lease`: only its holder, that cluster's JobManager, runs them, so two JobManagers never
 compute the same job and a job never runs on code older than the cluster that took it. Once a
-cluster is gone (its lease released or lapsed), a JobManager of another cluster `adopt`s its
-unfinished jobs and resumes them after their last stored chunk.
+cluster is gone (its lease released or lapsed, and free for a while: serve_app/jobs/adoption.py), a
+JobManager of another cluster `adopt`s its unfinished jobs and resumes them after their last stored chunk.
 """
 
 from __future__ import annotations
@@ -95,6 +95,10 @@ class JobStore(ABC):
     @abstractmethod
     async def unfinished(self) -> list[JobRecord]:
         """Queued and running jobs of every cluster, oldest first."""
+
+    @abstractmethod
+    async def lease_free(self, cluster: str) -> bool:
+        """No JobManager holds `cluster`'s lease now."""
 
     @abstractmethod
     async def adopt(self, cluster: str) -> int:

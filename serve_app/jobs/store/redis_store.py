@@ -181,6 +181,9 @@ class RedisJobStore(JobStore):
     async def unfinished(self) -> list[JobRecord]:
         return await self._records(await self.redis.zrange(self.key("unfinished"), 0, -1))
 
+    async def lease_free(self, cluster: str) -> bool:
+        return not await self.redis.exists(self.lease_key(cluster))
+
     async def adopt(self, cluster: str) -> int:
         return int(await self.redis.eval(ADOPT, 2, self.lease_key(cluster), self.key("unfinished"),
                                           cluster, self.cluster, self.prefix))

@@ -213,6 +213,12 @@ class SqliteJobStore(JobStore):
             f"{_SELECT} WHERE status IN {_UNFINISHED} ORDER BY created_at").fetchall())
         return [_record(r) for r in rows]
 
+    async def lease_free(self, cluster: str) -> bool:
+        lease = FileLease(lock_path(self.path, cluster))
+        free = await lease.acquire()
+        await lease.release()
+        return free
+
     async def adopt(self, cluster: str) -> int:
         lease = FileLease(lock_path(self.path, cluster))
         if not await lease.acquire():  # that cluster's JobManager lives
