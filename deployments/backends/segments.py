@@ -47,7 +47,7 @@ def segment(text: str, max_chars: int) -> list[tuple[str, str]]:
             chunks = _chunk(sentence, max_chars)
             for ci, (chunk, gap) in enumerate(chunks):
                 last = si == len(sentences) - 1 and ci == len(chunks) - 1
-                out.append((chunk, line_sep if last else gap if ci < len(chunks) - 1 else " "))
+                out.append((chunk, line_sep if last else gap))
     return out
 
 

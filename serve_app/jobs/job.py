@@ -194,6 +194,10 @@ class JobRecord:
         return view
 
 
+#: a bound that never binds
+UNBOUNDED = 1 << 62
+
+
 @dataclass(frozen=True)
 class StoreLimits:
     """What a store admits (checked atomically with each create)."""
@@ -202,11 +206,11 @@ class StoreLimits:
     max_jobs: int
     max_total_result_bytes: int
     retry_after_s: int
-    max_job_result_bytes: int = 1 << 62
+    max_job_result_bytes: int = UNBOUNDED
     #: one owner's share of each bound (jobs.max_share_per_key)
-    max_unfinished_per_owner: int = 1 << 62
-    max_jobs_per_owner: int = 1 << 62
-    max_bytes_per_owner: int = 1 << 62
+    max_unfinished_per_owner: int = UNBOUNDED
+    max_jobs_per_owner: int = UNBOUNDED
+    max_bytes_per_owner: int = UNBOUNDED
 
     @classmethod
     def of(cls, settings: AppSettings) -> "StoreLimits":
@@ -223,7 +227,8 @@ class StoreLimits:
         """The limits of `owner`'s submission: without API keys (ANONYMOUS) there is one owner, not bounded apart."""
         if owner != ANONYMOUS:
             return self
-        return replace(self, max_unfinished_per_owner=1 << 62, max_jobs_per_owner=1 << 62, max_bytes_per_owner=1 << 62)
+        return replace(self, max_unfinished_per_owner=UNBOUNDED, max_jobs_per_owner=UNBOUNDED,
+                       max_bytes_per_owner=UNBOUNDED)
 
     def outgrown(self, reason: str) -> ServeAppError:
         """The error a running job fails with when a chunk of its result would pass a bound (`reason`

@@ -8,7 +8,7 @@ its last stored chunk (serve_app/jobs/runner.py); finished jobs stay readable un
 
 Jobs are stamped with the Ray cluster they were submitted to: `RAY_CLUSTER_NAME`, which KubeRay sets in
 every pod of a RayCluster. During a RayService's blue/green upgrade both clusters share the Redis store;
-each JobManager runs its own cluster's jobs (never the old code the new cluster's), and the new one adopts
+each JobManager runs its own cluster's jobs (the old code never runs the new cluster's), and the new one adopts
 the old one's unfinished jobs once the old cluster is gone.
 
 It computes each job through the same `Service` as the HTTP routes (same validation, chunking and

@@ -123,13 +123,13 @@ class JobRunner:
         key = submission_key(idempotency_key, request_id, digest)
         if key is not None and (existing := await store_call(self.store.find(owner, key))) is not None:
             return self._same(existing, digest).view()
+        body = await self._validate(task, payload)  # (before the embedder's info: bad input costs no call)
         dimensions = await self._embedding_dim() if task == "embeddings" else None
-        body = await self._validate(task, payload, dimensions)
+        check_dimensions(self.settings.embeddings.model_name, getattr(body, "dimensions", None), dimensions)
         estimate = estimate_bytes(task, body, dimensions or DEFAULT_EMBEDDING_DIM)
         if estimate > self.settings.jobs.max_job_result_bytes:
-            raise JobTooLarge(
-                f"The job's result would take about {estimate} bytes; one job may keep at most "
-                f"{self.settings.jobs.max_job_result_bytes} (jobs.max_job_result_bytes): split it.")
+            raise JobTooLarge(f"The job's result would take about {estimate} bytes; one job may keep at most "
+                              f"{self.settings.jobs.max_job_result_bytes} (jobs.max_job_result_bytes): split it.")
         record = JobRecord(id=secrets.token_urlsafe(12), owner=owner, task=task, records_total=records_of(task, body),
                            chunk_records=self.settings.jobs.chunk_records, created_at=self._clock(), key=key,
                            body_hash=digest, reserved_bytes=estimate, cluster=self.store.cluster)
@@ -160,7 +160,7 @@ class JobRunner:
             logger.warning("embedder dimensions unknown (%s)", type(exc).__name__)
             return None
 
-    async def _validate(self, task: str, payload: Any, dimensions: Optional[int] = None) -> BaseModel:
+    async def _validate(self, task: str, payload: Any) -> BaseModel:
         service = self._validator
         if task not in ("translation", "embeddings", *service.custom_models):
             tasks = ", ".join(repr(t) for t in ("translation", "embeddings", *sorted(service.custom_models)))
@@ -169,7 +169,7 @@ class JobRunner:
         if task == "translation":
             await service.validate_translation(body)
         elif task == "embeddings":
-            check_dimensions(service.validate_embeddings(body)[1], body.dimensions, dimensions)
+            service.validate_embeddings(body)
         else:
             service.validate_predict(task, body.inputs)
         return body
