@@ -191,7 +191,8 @@ bench-gpu: $(VENV)/.installed-bench
 ## Static vs service_streamer vs continuous batching, engine against engine, no Ray (bench/gpu/engines.py; ~2.5 min
 ## on an H200): $(BENCH_GPU_OUT)/engines.{json,png}. BENCH_GPU_ARGS="--device cpu --tiny" on a CPU box; the CPU's
 ## full comparison (~20 min): BENCH_GPU_ARGS="--device cpu --marian --naive --mlpool --bentoml --batch 32 --records 96
-## --loads 0.5 --wait-s 0.01" (--bentoml needs make bench's BentoML venv).
+## --loads 0.5 --wait-s 0.01" (--bentoml needs make bench's BentoML venv). On a GPU machine without a package index,
+## every peer: scripts/gpu-peers (prepare here, run there).
 bench-gpu-engines: $(VENV)/.installed-bench
 	$(BIN)/python -m bench.gpu.engines --out $(BENCH_GPU_OUT) --streamer $(BENCH_GPU_ARGS)
 

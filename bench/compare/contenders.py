@@ -11,11 +11,10 @@ from typing import Callable
 
 import yaml
 
-from bench.peers.models import ROOT, project_args
+from bench.peers.models import BENTOML_VENV, ROOT, project_args
 from tests.support import deep_update
 
 MAIN_PYTHON = Path(sys.executable)
-BENTOML_VENV = ROOT / ".bench-venvs" / "bentoml"
 INFINITY_VENV = ROOT / ".bench-venvs" / "infinity"
 SERVE_CONFIG = ROOT / "serve_config.yaml"
 

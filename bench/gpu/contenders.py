@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import statistics
 import time
@@ -152,9 +153,13 @@ class NaiveEngine:
 
 
 def _load_for_mlpool(model_dir: str, device: str):
-    """MLPool's loader, run in its worker process: the same backend as every other engine's."""
+    """MLPool's loader, run in its worker process: the same backend as every other engine's. The worker's
+    logger says nothing below WARNING (at DEBUG it logs every job with its result)."""
+    import logging
+
     from bench.gpu.continuous import make_backend
 
+    logging.getLogger("ml_worker").setLevel(logging.WARNING)
     return make_backend(model_dir, device)
 
 
@@ -166,8 +171,9 @@ def _translate_for_mlpool(backend, text: str, tokens: int) -> str:
 
 class MLPoolEngine:
     """MLPool 0.1.0 as bench/peers/mlpool_peer.py serves it, without the HTTP: one job per request (it does not
-    batch across requests) on its worker process, the library's default count (CPU count - 1: 1 here) with the
-    same backend (1 thread), each job given its sentence's drawn length."""
+    batch across requests) on its worker processes, the library's default count (CPU count - 1: 1 on a 2-core box,
+    15 on the 16-CPU GPU machines), each with the same backend (1 thread), each job given its sentence's drawn
+    length."""
 
     def __init__(self, backend, model_dir: str, device: str):
         from functools import partial
@@ -175,6 +181,7 @@ class MLPoolEngine:
         from ml_pool import MLPool
         from ml_pool.config import Config
 
+        logging.getLogger("ml_pool").setLevel(logging.WARNING)  # (its module's logger: INFO per job)
         self.backend = backend
         self.pool = MLPool(models_to_load={"model": partial(_load_for_mlpool, model_dir, device)},
                            nb_workers=Config.WORKERS_COUNT)
@@ -197,11 +204,10 @@ class BentoMLEngine:
 
     READY_TIMEOUT_S = 240.0
 
-    def __init__(self, backend, model_dir: str, batch: int, workdir: Path):
-        from bench.compare.contenders import BENTOML_VENV
+    def __init__(self, backend, model_dir: str, batch: int, workdir: Path, device: str = "cpu"):
         from bench.compare.procs import Server
-        from bench.peers.models import ROOT
-        from serve_app.proxy import free_port
+        from bench.gpu.serving import free_port
+        from bench.peers.models import BENTOML_VENV, ROOT
 
         if not (BENTOML_VENV / "bin" / "bentoml").exists():
             raise RuntimeError(f"no BentoML venv at {BENTOML_VENV}: make .bench-venvs/bentoml/bin/bentoml")
@@ -209,7 +215,8 @@ class BentoMLEngine:
         lengths.write_text(json.dumps(backend.lengths))
         port = free_port()
         env = {**os.environ, "BENCH_WORKLOAD": "translation", "BENCH_MAX_BATCH": str(batch),
-               "BENCH_MODEL_DIR": model_dir, "BENCH_LENGTHS": str(lengths), "BENTOML_DO_NOT_TRACK": "True",
+               "BENCH_MODEL_DIR": model_dir, "BENCH_DEVICE": device, "BENCH_LENGTHS": str(lengths),
+               "BENTOML_DO_NOT_TRACK": "True",
                "BENTOML_HOME": str(ROOT / ".bench-venvs" / "bentoml-home")}
         argv = [str(BENTOML_VENV / "bin" / "bentoml"), "serve", "bench.peers.bentoml_service:LengthMix",
                 "--host", "127.0.0.1", "--port", str(port), "--working-dir", str(ROOT)]

@@ -21,8 +21,11 @@ Workloads: the length mix of bench/gpu/continuous.py (the same texts, draws and 
 bench's sentences, `--fixed-tokens` each). Cells: saturation (closed loop), Poisson arrivals at `--loads` (0.25,
 0.5 and 0.8) x each engine's own saturation (fixed: 0.5) and, for the others, at static's half rate; latency counts from
 the arrival. `--streamer` adds service_streamer's ThreadedStreamer (issue 25's reference peer) in front of the
-same backend, `--mlpool` MLPool's worker process (one job per request) on its own copy of it, `--bentoml`
-BentoML's server over HTTP (its adaptive batching, batch cap `--batch`, CPU only) on another copy.
+same backend, `--mlpool` MLPool's worker processes (its default count, cpu_count() - 1; one job per request),
+each on its own copy of it, `--bentoml` BentoML's server over HTTP (its adaptive batching, batch cap `--batch`)
+on another copy, on `--device`. A peer that cannot start is named in engines.json (`failed_to_start`) and the
+run goes on; `--fixed-engines` limits the fixed workload to some engines. engines.json is rewritten after each
+cell.
 `p50_over_solo`: the median of each request's latency over its sentence's own solo decode (`generate`);
 `p50_over_solo_continuous`: over the sentence decoded alone by the continuous engine. A continuous open-loop cell
 also gives `decoding_busy_fraction` (the decoding thread's share of the cell in steps) and `slowest`: the slowest
@@ -107,10 +110,10 @@ async def open_loop(engine, texts: list[str], rate: float, seed: int, solo: dict
 
 
 def workload(loop, engines: dict, texts: list[str], clients: int, saturation_requests: int, solo: dict,
-             loads: tuple[float, ...], at_static_half: bool) -> dict:
+             loads: tuple[float, ...], at_static_half: bool, cells: dict, flush=lambda: None) -> dict:
     """Saturation of each engine, then Poisson arrivals at each of `loads` x its own saturation (at least
-    64 requests or 6 s of arrivals) and, with `at_static_half`, at static's half rate."""
-    cells: dict = {}
+    64 requests or 6 s of arrivals) and, with `at_static_half`, at static's half rate. Each cell goes into
+    `cells` as it ends, and `flush` writes them (a run cut short keeps what it measured)."""
     sat_texts = (texts * (saturation_requests // len(texts) + 1))[:saturation_requests]
     for name, engine in engines.items():
         since = len(getattr(engine, "steps", []))
@@ -119,6 +122,7 @@ def workload(loop, engines: dict, texts: list[str], clients: int, saturation_req
         if isinstance(engine, ContinuousEngine):
             cells[name]["saturation"]["steps"] = engine.step_figures(since)
         say(f"  {name} saturation {cells[name]['saturation']}")
+        flush()
     rates = {name: [(f"load_{load}", load * cell["saturation"]["records_per_s"]) for load in loads]
              for name, cell in cells.items()}
     if at_static_half and "static" in cells:
@@ -130,7 +134,18 @@ def workload(loop, engines: dict, texts: list[str], clients: int, saturation_req
             count = min(len(texts), max(64, round(6 * rate)))
             cells[name][label] = loop.run_until_complete(open_loop(engine, texts[:count], rate, SEED + 2, solo))
             say(f"  {name} {label} {cells[name][label]}")
+            flush()
     return cells
+
+
+def start_peer(engines: dict, failed: dict, name: str, make) -> None:
+    """Add a peer; one that cannot start (a package or server missing where the bench runs) is reported in
+    `failed` and the run goes on without it."""
+    try:
+        engines[name] = make()
+    except Exception as exc:  # noqa: BLE001 - reported in engines.json
+        failed[name] = f"{type(exc).__name__}: {exc}"[:500]
+        say(f"  {name} did not start: {failed[name]}")
 
 
 def main() -> None:
@@ -150,9 +165,12 @@ def main() -> None:
                         help="> 1: also a continuous engine joining every N steps")
     parser.add_argument("--streamer", action="store_true", help="also service_streamer (its package installed)")
     parser.add_argument("--mlpool", action="store_true", help="also MLPool (its package installed): one job per request")
-    parser.add_argument("--bentoml", action="store_true", help="also BentoML over HTTP (make bench's venv; CPU)")
+    parser.add_argument("--bentoml", action="store_true",
+                        help="also BentoML over HTTP (make bench's venv, or scripts/gpu-peers' on a GPU)")
     parser.add_argument("--eager", action="store_true", help="also continuous decoding without CUDA graphs")
     parser.add_argument("--eager-joins", action="store_true", help="also continuous with graphed steps only")
+    parser.add_argument("--fixed-engines", help="the fixed workload for these engines only (comma-separated; "
+                        "default every engine)")
     parser.add_argument("--plot", type=Path, help="only draw DIR/engines.png from this engines.json")
     args = parser.parse_args()
     if args.plot:
@@ -182,18 +200,18 @@ def main() -> None:
         out = backend.translate([text], SOURCE, TARGET)[0]
         solo[text] = (time.perf_counter() - start, out)
     engines: dict = {}
+    failed: dict = {}  # peers that did not start
     loop = asyncio.new_event_loop()
     try:
         engines["static"] = StaticEngine(backend, args.batch, args.wait_s)
-        if args.naive:
-            engines["naive"] = NaiveEngine(backend)
         if args.streamer:
-            engines["service_streamer"] = StreamerEngine(backend, args.batch, args.wait_s)
+            start_peer(engines, failed, "service_streamer", lambda: StreamerEngine(backend, args.batch, args.wait_s))
         if args.mlpool:
-            engines["mlpool"] = MLPoolEngine(backend, model_dir, args.device)
+            start_peer(engines, failed, "mlpool", lambda: MLPoolEngine(backend, model_dir, args.device))
         args.out.mkdir(parents=True, exist_ok=True)
         if args.bentoml:
-            engines["bentoml"] = BentoMLEngine(backend, model_dir, args.batch, args.out)
+            start_peer(engines, failed, "bentoml",
+                       lambda: BentoMLEngine(backend, model_dir, args.batch, args.out, args.device))
         engines["continuous"] = ContinuousEngine(backend, args.batch)
         if args.eager:
             engines["continuous-eager"] = ContinuousEngine(backend, args.batch, cuda_graphs=False)
@@ -204,6 +222,8 @@ def main() -> None:
             engines["continuous-eager-joins"] = ContinuousEngine(backend, args.batch)
             if joins := getattr(engines["continuous-eager-joins"].scheduler.decoder, "_join_graphs", None):
                 joins.enabled = False  # (the CPU's engine has none)
+        if args.naive:  # last: the slowest to measure (a run cut short has the others' cells)
+            engines["naive"] = NaiveEngine(backend)
         for text in solo:  # each sentence alone through the continuous engine: its own solo time
             start = time.perf_counter()
             loop.run_until_complete(engines["continuous"].translate(text))
@@ -220,18 +240,25 @@ def main() -> None:
                   "solo_continuous_s_p50": round(statistics.median(t[2] for t in solo.values()), 3),
                   "warm_up": {name: {"captured": e.warm_up_captures, "seconds": e.warm_up_s}
                               for name, e in engines.items() if isinstance(e, ContinuousEngine)}}
-        if args.bentoml:
+        if "bentoml" in engines:
             report["bentoml_ready_s"] = engines["bentoml"].ready_s
+        if failed:
+            report["failed_to_start"] = failed
+
+        def flush() -> None:
+            report["wall_s"] = round(time.perf_counter() - began, 1)
+            (args.out / "engines.json").write_text(json.dumps(report, indent=1))
         say("length mix")
-        report["length_mix"]["cells"] = workload(loop, engines, texts, args.batch, 3 * len(texts) // 2, solo,
-                                                 tuple(float(x) for x in args.loads.split(",")), True)
-        (args.out / "engines.json").write_text(json.dumps(report, indent=1))
+        report["length_mix"]["cells"] = {}
+        workload(loop, engines, texts, args.batch, 3 * len(texts) // 2, solo,
+                 tuple(float(x) for x in args.loads.split(",")), True, report["length_mix"]["cells"], flush)
         say(f"fixed, {args.fixed_tokens} tokens")
         fixed = (list(POOL) * (args.records // len(POOL) + 1))[:args.records]
-        report["fixed"] = {"tokens": args.fixed_tokens,
-                           "cells": workload(loop, engines, fixed, args.batch, 2 * len(fixed), solo, (0.5,), False)}
-        report["wall_s"] = round(time.perf_counter() - began, 1)
-        (args.out / "engines.json").write_text(json.dumps(report, indent=1))
+        names = args.fixed_engines.split(",") if args.fixed_engines else list(engines)
+        report["fixed"] = {"tokens": args.fixed_tokens, "cells": {}}
+        workload(loop, {name: e for name, e in engines.items() if name in names}, fixed, args.batch, 2 * len(fixed),
+                 solo, (0.5,), False, report["fixed"]["cells"], flush)
+        flush()
         plot_engines(report, args.out / "engines.png")
     finally:  # every server and pool stopped, also when a cell fails (BentoML is a process tree)
         for engine in engines.values():

@@ -49,15 +49,15 @@ class Translation:
 
 @bentoml.service(workers=1, traffic={"timeout": TIMEOUT_S})
 class LengthMix:
-    """bench/gpu/engines.py's backend (the model in BENCH_MODEL_DIR, CPU, one thread) with each sentence's drawn
-    output length (BENCH_LENGTHS: a JSON file, text -> tokens); a batch decodes its rows' largest draw, as a
-    real model's batch runs until its longest output ends."""
+    """bench/gpu/engines.py's backend (the model in BENCH_MODEL_DIR on BENCH_DEVICE: cpu, one thread, unless set)
+    with each sentence's drawn output length (BENCH_LENGTHS: a JSON file, text -> tokens); a batch decodes its
+    rows' largest draw, as a real model's batch runs until its longest output ends."""
 
     def __init__(self) -> None:
         from bench.gpu.common import SOURCE, TARGET
         from bench.gpu.continuous import make_backend
 
-        self.backend = make_backend(os.environ["BENCH_MODEL_DIR"], "cpu")
+        self.backend = make_backend(os.environ["BENCH_MODEL_DIR"], os.environ.get("BENCH_DEVICE", "cpu"))
         self.backend.lengths = json.loads(Path(os.environ["BENCH_LENGTHS"]).read_text())
         self.languages = (SOURCE, TARGET)
 

@@ -34,6 +34,8 @@ MARIAN_SIZED = {
 MARIAN_PAIR = ("en", "pt")
 #: Where the random Marian-sized model is written (git-ignored).
 MODELS_DIR = ROOT / ".bench-models"
+#: BentoML's own virtual environment (`make bench` makes it: its pins must not move the project's)
+BENTOML_VENV = ROOT / ".bench-venvs" / "bentoml"
 SOURCE, TARGET = "en", "pt"
 
 

@@ -83,10 +83,12 @@ def test_the_engine_bench_runs_its_cells_on_a_cpu(tmp_path):
 
     root = Path(__file__).resolve().parents[2]
     done = subprocess.run([sys.executable, "-m", "bench.gpu.engines", "--out", str(tmp_path), "--device", "cpu",
-                           "--tiny", "--records", "12", "--solo", "6", "--batch", "8", "--naive"],
+                           "--tiny", "--records", "12", "--solo", "6", "--batch", "8", "--naive",
+                           "--fixed-engines", "static,naive,continuous"],
                           cwd=root, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((tmp_path / "engines.json").read_text())
+    assert "failed_to_start" not in report
     for workload, cells in (("length_mix", ("saturation", "load_0.5", "at_static_half")), ("fixed", ("saturation",))):
         engines = report[workload]["cells"]
         assert set(engines) == {"static", "naive", "continuous"}
@@ -103,6 +105,21 @@ def test_the_engine_bench_runs_its_cells_on_a_cpu(tmp_path):
     assert half["slowest"]["steps"] >= half["slowest"]["output_tokens"] > 0
     assert 0 < half["decoding_busy_fraction"] <= 1
     assert (tmp_path / "engines.png").stat().st_size > 0
+
+
+def test_a_peer_that_cannot_start_is_reported_and_the_bench_goes_on():
+    """A peer missing where the bench runs (a GPU machine without BentoML's venv, say) is named with its error
+    in engines.json; the other engines are measured."""
+    from bench.gpu.engines import start_peer
+
+    engines, failed = {"static": object()}, {}
+
+    def missing():
+        raise RuntimeError("no BentoML venv at /x")
+    start_peer(engines, failed, "bentoml", missing)
+    start_peer(engines, failed, "naive", lambda: "engine")
+    assert engines == {"static": engines["static"], "naive": "engine"}
+    assert failed == {"bentoml": "RuntimeError: no BentoML venv at /x"}
 
 
 def test_the_engine_bench_runs_mlpool_one_job_per_sentence_at_its_drawn_length(tmp_path):
