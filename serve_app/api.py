@@ -232,14 +232,15 @@ def create_app() -> FastAPI:
 
     @app.get("/readyz", response_model=HealthResponse, responses={503: ERROR_RESPONSES[503]})
     async def readyz(request: Request, service: Service = Depends(get_service)):
-        """200 only when every model deployment has loaded and warmed up its model; 503 with each
-        model's state otherwise (`failed: ...` quotes Serve's reason when a deployment failed)."""
+        """200 only when every model deployment has loaded and warmed up its model (also when its
+        replicas are all busy: `ready (busy: ...)`); 503 with each model's state otherwise
+        (`failed: ...` quotes Serve's reason when a deployment failed)."""
         states = await service.readiness()
         if not _shows_details(request.scope):
             states = {name: public_state(state) for name, state in states.items()}
         if middleware.DRAIN.draining:  # via the module: this route is pickled by value
             states = {name: "draining (the service is stopping)" for name in states}
-        if all(s == "ready" for s in states.values()):
+        if all(public_state(s) == "ready" for s in states.values()):  # `ready (busy: ...)` too
             return HealthResponse(status="ready", models=states)
         failed = any(s.startswith("failed") for s in states.values())
         request.scope[ERROR_TYPE_SCOPE_KEY] = "not_ready"

@@ -7,10 +7,14 @@ import logging
 import re
 from typing import Optional
 
-from .errors import ServeAppError
+from .errors import Overloaded, ServeAppError
 from .model_clients import ModelClient
 
 logger = logging.getLogger("serve_app")
+
+#: Serve's deployment states once its replicas have been constructed (their models loaded and warmed up) and
+#: pass their health checks: autoscaling, which saturation starts, moves HEALTHY to UPSCALING.
+SERVING = frozenset({"HEALTHY", "UPSCALING", "DOWNSCALING"})
 
 
 class Readiness:
@@ -33,15 +37,20 @@ class Readiness:
 
         A deployment that no replica answers for is asked about at Serve's controller: when
         Serve gave up on it (DEPLOY_FAILED after repeated constructor failures, e.g. missing
-        weights), the state is `failed: <Serve's message>` instead of a silent `loading`."""
+        weights), the state is `failed: <Serve's message>` instead of a silent `loading`. When
+        the controller reports it serving (HEALTHY or autoscaling: replicas constructed, models
+        loaded and warmed up, health checks passing), the probe only waited behind real work:
+        the state is `ready (busy: ...)`, so a saturated service is not also taken out of rotation."""
         async def probe(client: ModelClient) -> str:
             try:
                 async with asyncio.timeout(self.timeout_s):
                     await client.call("ready")
                 return "ready"
             except TimeoutError:
-                failure = await self._deployment_failure(client)
-                return f"failed: {failure}" if failure else "loading (no replica answered in time)"
+                return await self._unanswered(client, "no replica answered in time",
+                                              "loading (no replica answered in time)")
+            except Overloaded as exc:  # Serve's queue for the deployment is full
+                return await self._unanswered(client, "its queue is full", f"unavailable: {exc.message}")
             except ServeAppError as exc:
                 failure = await self._deployment_failure(client)
                 return f"failed: {failure}" if failure else f"unavailable: {exc.message}"
@@ -49,23 +58,36 @@ class Readiness:
         states = await asyncio.gather(*(probe(c) for c in clients))
         return {c.name: s for c, s in zip(clients, states)}
 
+    async def _unanswered(self, client: ModelClient, busy: str, otherwise: str) -> str:
+        """The state of a deployment whose `ready` call found no free replica (`busy` says how)."""
+        state, failure = await self._controller_state(client)
+        if failure:
+            return f"failed: {failure}"
+        if state in SERVING:
+            return f"ready (busy: {busy}; Serve reports it {state})"
+        return otherwise
+
     async def _deployment_failure(self, client: ModelClient) -> Optional[str]:
+        return (await self._controller_state(client))[1]
+
+    async def _controller_state(self, client: ModelClient) -> tuple[Optional[str], Optional[str]]:
+        """(Serve's status of the deployment, or None; why it failed, or None)."""
         status = getattr(client, "deployment_status", None)
         if status is None:
-            return None
+            return None, None
         try:
             async with asyncio.timeout(self.timeout_s):
                 state, message = await status()
         except Exception:  # the controller is busy or unreachable: say nothing rather than guess
-            return None
+            return None, None
         if state in ("DEPLOY_FAILED", "UNHEALTHY"):
             message = summarise_failure(message)
             key = (client.name, state, message)
             if key not in self._reported_failures:  # once per distinct failure, not per probe
                 self._reported_failures.add(key)
                 logger.error("/readyz: deployment %s is %s: %s", client.name, state, message)
-            return f"{state}: {message}"[:2000]
-        return None
+            return state, f"{state}: {message}"[:2000]
+        return state, None
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

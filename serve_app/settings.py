@@ -121,7 +121,7 @@ class IngressSettings(Section):
     )
     readiness_timeout_s: float = Field(
         2.0, gt=0,
-        description="How long /readyz waits for each model deployment to answer before reporting 503.",
+        description="How long /readyz waits for each model deployment to answer; then Serve's status says busy or not.",
     )
     model_timeout_s: float = Field(
         60.0, gt=0,

@@ -33,3 +33,42 @@ def test_callers_at_the_same_time_share_one_probe_and_a_later_caller_probes_agai
         assert await second == {"Embedder": "ready"} and client.calls == 3
 
     asyncio.run(scenario())
+
+
+class BusyClient:
+    """A deployment whose `ready` call waits behind work (`raises`: or is refused), with Serve's `status`."""
+    name = "Translator"
+
+    def __init__(self, status: str, message: str = "", raises: Exception | None = None) -> None:
+        self.status, self.message, self.raises = status, message, raises
+
+    async def call(self, method: str, *args, **kwargs) -> dict:
+        if self.raises is not None:
+            raise self.raises
+        await asyncio.sleep(10)
+        return {}
+
+    async def deployment_status(self) -> tuple[str, str]:
+        return self.status, self.message
+
+
+def test_a_deployment_serving_but_saturated_is_ready_busy_and_one_still_starting_is_loading():
+    """Every replica at its limit (the probe is an ordinary request and waits) is not `loading`: Serve's
+    controller says whether the replicas were constructed. /readyz counts `ready (busy: ...)` as ready."""
+    from serve_app.api import public_state
+    from serve_app.errors import Overloaded
+
+    async def state(client) -> str:
+        return (await Readiness(timeout_s=0.05).states([client]))[client.name]
+
+    for status in ("HEALTHY", "UPSCALING", "DOWNSCALING"):
+        busy = asyncio.run(state(BusyClient(status)))
+        assert busy == f"ready (busy: no replica answered in time; Serve reports it {status})"
+        assert public_state(busy) == "ready"
+    full = asyncio.run(state(BusyClient("UPSCALING", raises=Overloaded("Translator is at capacity"))))
+    assert full == "ready (busy: its queue is full; Serve reports it UPSCALING)"
+    assert asyncio.run(state(BusyClient("UPDATING"))) == "loading (no replica answered in time)"
+    assert asyncio.run(state(BusyClient("UPDATING", raises=Overloaded("Translator is at capacity")))) == \
+        "unavailable: Translator is at capacity"
+    failed = asyncio.run(state(BusyClient("DEPLOY_FAILED", "Failed to start. ModelLoadError: no weights")))
+    assert failed.startswith("failed: DEPLOY_FAILED") and public_state(failed) == "failed"
