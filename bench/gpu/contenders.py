@@ -209,8 +209,9 @@ class BentoMLEngine:
         from bench.gpu.serving import free_port
         from bench.peers.models import BENTOML_VENV, ROOT
 
-        if not (BENTOML_VENV / "bin" / "bentoml").exists():
-            raise RuntimeError(f"no BentoML venv at {BENTOML_VENV}: make .bench-venvs/bentoml/bin/bentoml")
+        launcher = Path(os.environ.get("BENCH_BENTOML") or BENTOML_VENV / "bin" / "bentoml")  # scripts/gpu-peers'
+        if not launcher.exists():
+            raise RuntimeError(f"no BentoML at {launcher}: make .bench-venvs/bentoml/bin/bentoml")
         lengths = workdir / "bentoml-lengths.json"
         lengths.write_text(json.dumps(backend.lengths))
         port = free_port()
@@ -218,7 +219,7 @@ class BentoMLEngine:
                "BENCH_MODEL_DIR": model_dir, "BENCH_DEVICE": device, "BENCH_LENGTHS": str(lengths),
                "BENTOML_DO_NOT_TRACK": "True",
                "BENTOML_HOME": str(ROOT / ".bench-venvs" / "bentoml-home")}
-        argv = [str(BENTOML_VENV / "bin" / "bentoml"), "serve", "bench.peers.bentoml_service:LengthMix",
+        argv = [str(launcher), "serve", "bench.peers.bentoml_service:LengthMix",
                 "--host", "127.0.0.1", "--port", str(port), "--working-dir", str(ROOT)]
         self.server = Server(argv, env, workdir / "bentoml.log", ROOT)
         try:

@@ -38,7 +38,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
+import signal
 import statistics
 import time
 from pathlib import Path
@@ -148,6 +150,11 @@ def start_peer(engines: dict, failed: dict, name: str, make) -> None:
         say(f"  {name} did not start: {failed[name]}")
 
 
+def _stop(*_) -> None:
+    """SIGTERM (a time limit's) runs main's finally too: BentoML's servers and MLPool's workers are stopped."""
+    raise SystemExit(143)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -173,6 +180,7 @@ def main() -> None:
                         "default every engine)")
     parser.add_argument("--plot", type=Path, help="only draw DIR/engines.png from this engines.json")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, _stop)
     if args.plot:
         args.out.mkdir(parents=True, exist_ok=True)
         plot_engines(json.loads(args.plot.read_text()), args.out / "engines.png")
@@ -240,21 +248,24 @@ def main() -> None:
                   "solo_continuous_s_p50": round(statistics.median(t[2] for t in solo.values()), 3),
                   "warm_up": {name: {"captured": e.warm_up_captures, "seconds": e.warm_up_s}
                               for name, e in engines.items() if isinstance(e, ContinuousEngine)}}
+        names = args.fixed_engines.split(",") if args.fixed_engines else list(engines)
+        if unknown := [name for name in names if name not in engines and name not in failed]:
+            raise SystemExit(f"--fixed-engines: no engine named {', '.join(unknown)} (engines: {', '.join(engines)})")
         if "bentoml" in engines:
             report["bentoml_ready_s"] = engines["bentoml"].ready_s
         if failed:
             report["failed_to_start"] = failed
 
-        def flush() -> None:
+        def flush() -> None:  # whole or not at all: a run killed mid-write keeps the last cell's file
             report["wall_s"] = round(time.perf_counter() - began, 1)
-            (args.out / "engines.json").write_text(json.dumps(report, indent=1))
+            (args.out / "engines.json.part").write_text(json.dumps(report, indent=1))
+            os.replace(args.out / "engines.json.part", args.out / "engines.json")
         say("length mix")
         report["length_mix"]["cells"] = {}
         workload(loop, engines, texts, args.batch, 3 * len(texts) // 2, solo,
                  tuple(float(x) for x in args.loads.split(",")), True, report["length_mix"]["cells"], flush)
         say(f"fixed, {args.fixed_tokens} tokens")
         fixed = (list(POOL) * (args.records // len(POOL) + 1))[:args.records]
-        names = args.fixed_engines.split(",") if args.fixed_engines else list(engines)
         report["fixed"] = {"tokens": args.fixed_tokens, "cells": {}}
         workload(loop, {name: e for name, e in engines.items() if name in names}, fixed, args.batch, 2 * len(fixed),
                  solo, (0.5,), False, report["fixed"]["cells"], flush)
