@@ -13,8 +13,10 @@ records, as a direct call with them would. A caller that gives up (deadline, cli
 before its call went out is dropped from it; a call already sent is cancelled only when every
 caller in it has gone. An error that one caller's records may have caused (the model raised on them,
 or refused them) is not handed to the others: each caller's records go again in a call of their own, so
-a bad input fails only its own request, whoever it shared a call with. The service's own errors (503
-unavailable or overloaded, 504 deadline) reach every caller of the call.
+a bad input fails only its own request, whoever it shared a call with (also one who left since: its
+records were in the call). Those calls of their own take at most `max_inflight_calls` more calls in flight,
+are counted like any call, and end with their caller. The service's own errors (503 unavailable or
+overloaded, 504 deadline) reach every caller of the call.
 """
 
 from __future__ import annotations
@@ -34,11 +36,13 @@ def _one_caller_s(exc: BaseException) -> bool:
 
 
 class _Waiter:
-    __slots__ = ("records", "future", "start", "stop")
+    __slots__ = ("records", "future", "start", "stop", "alone")
 
     def __init__(self, records: Sequence, future: asyncio.Future):
         self.records, self.future = records, future
         self.start = self.stop = 0
+        #: its records' call of their own, after the call it shared failed
+        self.alone: Optional[asyncio.Task] = None
 
 
 class _Call:
@@ -70,6 +74,8 @@ class CallCoalescer:
         self._filling: dict[Hashable, _Call] = {}  # per key, the pending call new records join
         self._pending: deque[_Call] = deque()  # pending calls in the order they were opened
         self.inflight = 0
+        #: calls of one caller's records after a shared call failed, in flight at once at most
+        self._alone_slots = asyncio.Semaphore(max_inflight_calls)
         #: calls sent and records they carried (tests and the overhead benchmark read them)
         self.calls_sent = 0
         self.records_sent = 0
@@ -99,6 +105,8 @@ class CallCoalescer:
             call.records -= len(waiter.records)
         elif not waiter.future.done():
             waiter.future.cancel()
+            if waiter.alone is not None:
+                waiter.alone.cancel()
             if all(w.future.done() for w in call.waiters):
                 call.task.cancel()
 
@@ -118,6 +126,11 @@ class CallCoalescer:
             call.task.add_done_callback(functools.partial(self._call_done, call))
 
     async def _run(self, call: _Call) -> None:
+        # Not the records of callers who left after the call was taken off the queue: nobody awaits them,
+        # and one's bad input would fail the rest.
+        call.waiters = [waiter for waiter in call.waiters if not waiter.future.done()]
+        if not call.waiters:
+            return
         records: list = []
         for waiter in call.waiters:
             waiter.start = len(records)
@@ -134,8 +147,10 @@ class CallCoalescer:
             raise
         except Exception as exc:
             live = [waiter for waiter in call.waiters if not waiter.future.done()]
-            if len(live) > 1 and _one_caller_s(exc):
-                await asyncio.gather(*(self._alone(call.key, waiter) for waiter in live))
+            if len(call.waiters) > 1 and _one_caller_s(exc):  # others' records rode in it, gone or not
+                for waiter in live:
+                    waiter.alone = asyncio.ensure_future(self._alone(call.key, waiter))
+                await asyncio.gather(*(waiter.alone for waiter in live), return_exceptions=True)
             for waiter in live:
                 if not waiter.future.done():
                     waiter.future.set_exception(exc)
@@ -147,7 +162,10 @@ class CallCoalescer:
     async def _alone(self, key: Hashable, waiter: _Waiter) -> None:
         """`waiter`'s records in a call of their own (after the call it shared failed)."""
         try:
-            result = await self._send(key, list(waiter.records))
+            async with self._alone_slots:
+                self.calls_sent += 1
+                self.records_sent += len(waiter.records)
+                result = await self._send(key, list(waiter.records))
         except Exception as exc:
             if not waiter.future.done():
                 waiter.future.set_exception(exc)
