@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any, Optional, Protocol
 
 from deployments.errors import describe_exception
@@ -56,6 +57,9 @@ class HandleClient:
         # Resolved (and replaced) each time a call sees a replica of this model fail: the calls still
         # waiting then get at most retry_timeout_s more (see _first_attempt).
         self._replica_failed: Optional[asyncio.Future] = None
+        #: when (time.monotonic()) a call of this model last returned: /readyz's evidence that a deployment
+        #: whose probe found no free replica is busy, not stuck (serve_app/readiness.py)
+        self.last_answer_at: Optional[float] = None
 
     def _method(self, method: str) -> Any:
         if method not in self._methods:
@@ -63,6 +67,11 @@ class HandleClient:
         return self._methods[method]
 
     async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        result = await self._call(method, *args, **kwargs)
+        self.last_answer_at = time.monotonic()
+        return result
+
+    async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
         from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, RequestCancelledError
 

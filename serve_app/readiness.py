@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 from typing import Optional
 
 from .errors import Overloaded, ServeAppError
@@ -15,6 +16,9 @@ logger = logging.getLogger("serve_app")
 #: Serve's deployment states once its replicas have been constructed (their models loaded and warmed up) and
 #: pass their health checks: autoscaling, which saturation starts, moves HEALTHY to UPSCALING.
 SERVING = frozenset({"HEALTHY", "UPSCALING", "DOWNSCALING"})
+#: ... and a call of it returned within this many seconds: busy, not stuck (a hung model thread fails
+#: its health check only after minutes; dead replicas, after a health-check period)
+BUSY_EVIDENCE_S = 30.0
 
 
 class Readiness:
@@ -39,8 +43,9 @@ class Readiness:
         Serve gave up on it (DEPLOY_FAILED after repeated constructor failures, e.g. missing
         weights), the state is `failed: <Serve's message>` instead of a silent `loading`. When
         the controller reports it serving (HEALTHY or autoscaling: replicas constructed, models
-        loaded and warmed up, health checks passing), the probe only waited behind real work:
-        the state is `ready (busy: ...)`, so a saturated service is not also taken out of rotation."""
+        loaded and warmed up, health checks passing) and its calls are being answered, the probe
+        only waited behind real work: the state is `ready (busy: ...)`, so a saturated service is
+        not also taken out of rotation."""
         async def probe(client: ModelClient) -> str:
             try:
                 async with asyncio.timeout(self.timeout_s):
@@ -63,8 +68,9 @@ class Readiness:
         state, failure = await self._controller_state(client)
         if failure:
             return f"failed: {failure}"
-        if state in SERVING:
-            return f"ready (busy: {busy}; Serve reports it {state})"
+        answered = getattr(client, "last_answer_at", None)
+        if state in SERVING and answered is not None and time.monotonic() - answered <= BUSY_EVIDENCE_S:
+            return f"ready (busy: {busy}; Serve reports it {state}, and its calls are answered)"
         return otherwise
 
     async def _deployment_failure(self, client: ModelClient) -> Optional[str]:

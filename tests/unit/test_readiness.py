@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 from serve_app.readiness import Readiness
 
@@ -39,8 +40,11 @@ class BusyClient:
     """A deployment whose `ready` call waits behind work (`raises`: or is refused), with Serve's `status`."""
     name = "Translator"
 
-    def __init__(self, status: str, message: str = "", raises: Exception | None = None) -> None:
+    def __init__(self, status: str, message: str = "", raises: Exception | None = None,
+                 answered_s_ago: float | None = 1.0) -> None:
         self.status, self.message, self.raises = status, message, raises
+        #: as HandleClient keeps it: when a call of the deployment last returned
+        self.last_answer_at = None if answered_s_ago is None else time.monotonic() - answered_s_ago
 
     async def call(self, method: str, *args, **kwargs) -> dict:
         if self.raises is not None:
@@ -54,7 +58,8 @@ class BusyClient:
 
 def test_a_deployment_serving_but_saturated_is_ready_busy_and_one_still_starting_is_loading():
     """Every replica at its limit (the probe is an ordinary request and waits) is not `loading`: Serve's
-    controller says whether the replicas were constructed. /readyz counts `ready (busy: ...)` as ready."""
+    controller says whether the replicas were constructed, and calls still being answered that they are
+    not stuck. /readyz counts `ready (busy: ...)` as ready."""
     from serve_app.api import public_state
     from serve_app.errors import Overloaded
 
@@ -63,10 +68,15 @@ def test_a_deployment_serving_but_saturated_is_ready_busy_and_one_still_starting
 
     for status in ("HEALTHY", "UPSCALING", "DOWNSCALING"):
         busy = asyncio.run(state(BusyClient(status)))
-        assert busy == f"ready (busy: no replica answered in time; Serve reports it {status})"
+        assert busy == ("ready (busy: no replica answered in time; "
+                        f"Serve reports it {status}, and its calls are answered)")
         assert public_state(busy) == "ready"
     full = asyncio.run(state(BusyClient("UPSCALING", raises=Overloaded("Translator is at capacity"))))
-    assert full == "ready (busy: its queue is full; Serve reports it UPSCALING)"
+    assert full == "ready (busy: its queue is full; Serve reports it UPSCALING, and its calls are answered)"
+    # HEALTHY, but nothing answered for a while (a hung model thread, replicas the controller has not yet
+    # seen die) or ever: not ready
+    for ago in (None, 45.0):
+        assert asyncio.run(state(BusyClient("HEALTHY", answered_s_ago=ago))) == "loading (no replica answered in time)"
     assert asyncio.run(state(BusyClient("UPDATING"))) == "loading (no replica answered in time)"
     assert asyncio.run(state(BusyClient("UPDATING", raises=Overloaded("Translator is at capacity")))) == \
         "unavailable: Translator is at capacity"
