@@ -78,12 +78,15 @@ def check_config(config: dict[str, Any]) -> list[str]:
         ServeDeploySchema.model_validate(config)
     except Exception as exc:  # pydantic's message already quotes the bad value
         problems.append(f"Serve rejects the config: {exc}")
-    for app in config.get("applications") or []:
+    applications = config.get("applications")
+    for app in applications if isinstance(applications, list) else []:
+        if not isinstance(app, dict):  # (Serve's schema, above, has said what it must be)
+            continue
         name = app.get("name", "?")
         where = f"applications[{name}]"
         problems += _unknown(app, ServeApplicationSchema.model_fields, where)
         settings = None
-        if app.get("import_path") == BUILDER:
+        if app.get("import_path") == BUILDER and isinstance(app.get("args") or {}, dict):  # (else Serve's said)
             try:
                 reject_keys_in_args(app.get("args"))
             except ValueError as exc:

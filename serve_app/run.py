@@ -117,28 +117,29 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     # Short: HAProxy's socket paths in it must stay under 97 characters (serve_app/proxy.py).
     run_dir = Path(tempfile.mkdtemp(prefix="sa-", dir="/tmp" if os.path.isdir("/tmp") else None))
-    # What HAProxy sends each Ingress replica (serve_app/proxy_shedding.py); `serve run` reports a bad config.
-    try:
-        shedding, unread = shedding_for_config(_load_config(ns.config)), None
-    except (OSError, ValueError, yaml.YAMLError) as exc:
-        shedding, unread = None, exc
-    try:
-        proxy, added = proxy_environment(ns.proxy, run_dir, shedding=shedding)
-    except ProxyChoiceError as exc:
-        parser.error(str(exc))
-    # Before `import ray`: Ray reads these when its modules load and passes them to every process it starts.
-    os.environ.update(added)
-    os.environ.update(lean_serve_environment())
-    if proxy == "haproxy":
-        if unread is not None:
-            _say(f"serve-app: HAProxy will not hold back excess requests itself: the config did not load ({unread})")
-        stats = os.environ.get("RAY_SERVE_HAPROXY_STATS_PORT", DEFAULT_HAPROXY_STATS_PORT)
-        metrics = os.environ.get("RAY_SERVE_HAPROXY_METRICS_PORT", DEFAULT_HAPROXY_METRICS_PORT)
-        _say(f"serve-app: HTTP proxy: HAProxy (its stats page on :{stats}, Prometheus metrics on :{metrics}; "
-             "--proxy python for Serve's Python proxy)")
-    else:
-        _say("serve-app: HTTP proxy: Serve's Python proxy")
-    try:
+    try:  # the folder goes whatever happens below (a usage error, a malformed config, a failed start)
+        # What HAProxy sends each Ingress replica (serve_app/proxy_shedding.py); `serve run` reports a bad config.
+        try:
+            shedding, unread = shedding_for_config(_load_config(ns.config)), None
+        except Exception as exc:  # noqa: BLE001 - any malformed config: the config check below says what is wrong
+            shedding, unread = None, exc
+        try:
+            proxy, added = proxy_environment(ns.proxy, run_dir, shedding=shedding)
+        except ProxyChoiceError as exc:
+            parser.error(str(exc))
+        # Before `import ray`: Ray reads these when its modules load and passes them to every process it starts.
+        os.environ.update(added)
+        os.environ.update(lean_serve_environment())
+        if proxy == "haproxy":
+            if unread is not None:
+                _say("serve-app: HAProxy will not hold back excess requests itself: the config did not load "
+                     f"({unread})")
+            stats = os.environ.get("RAY_SERVE_HAPROXY_STATS_PORT", DEFAULT_HAPROXY_STATS_PORT)
+            metrics = os.environ.get("RAY_SERVE_HAPROXY_METRICS_PORT", DEFAULT_HAPROXY_METRICS_PORT)
+            _say(f"serve-app: HTTP proxy: HAProxy (its stats page on :{stats}, Prometheus metrics on :{metrics}; "
+                 "--proxy python for Serve's Python proxy)")
+        else:
+            _say("serve-app: HTTP proxy: Serve's Python proxy")
         return _serve(ns)
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -184,10 +185,14 @@ def _serve(ns: argparse.Namespace) -> int:
     port = http.port
     _record_for_make_status(port, ray.get_runtime_context().gcs_address)
     try:
+        # Refused before anything is deployed, so that nothing is cleaned up either: an application of the
+        # config's name there is someone's (deleting it was the cleanup's doing, before).
+        if joining and (others := _other_apps(app_names)):
+            _say(f"serve-app: could not deploy {ns.config}: the cluster already serves {', '.join(others)}, which "
+                 "deploying this config would delete (a Serve config is the whole set of applications): serve "
+                 "them together")
+            return 1
         try:
-            if joining and (others := _other_apps(app_names)):
-                raise RuntimeError(f"the cluster already serves {', '.join(others)}, which deploying this config would "
-                                   "delete (a Serve config is the whole set of applications): serve them together")
             _deploy(config)
         except Exception as exc:  # noqa: BLE001 - Serve's start or the submission failed: nothing to drain
             _say(f"serve-app: could not deploy {ns.config}: {exc!r}")
@@ -202,7 +207,9 @@ def _serve(ns: argparse.Namespace) -> int:
         _say("serve-app: stopping: draining in-flight requests first (Ctrl-C again: stop at once)")
         if drain_unless_interrupted(lambda: drain_signal.drain(signal_actor, app_names, ns.drain_timeout_s, _say)):
             _say("serve-app: drain cut short by a second Ctrl-C: requests still in flight are cut off")
-        _stop_serve(joining, app_names)
+        if drain_unless_interrupted(lambda: _stop_serve(joining, app_names)):
+            _say("serve-app: Serve's stop cut short by Ctrl-C" + (": the config's applications may still be "
+                 "on the cluster (serve status)" if joining else ""))
     finally:
         status.remove_record(port)
         ray.shutdown()
@@ -211,8 +218,9 @@ def _serve(ns: argparse.Namespace) -> int:
 
 
 def drain_unless_interrupted(drain: Callable[[], None]) -> bool:
-    """Run `drain`, unless a Ctrl-C (SIGINT) cuts it short: True then. Its `ray.get` waits return on a
-    KeyboardInterrupt (Ray checks for signals while it waits). The launcher's own handler is back afterwards."""
+    """Run `drain` (the drain, then Serve's stop), unless a Ctrl-C (SIGINT) cuts it short: True then. Its
+    `ray.get` waits return on a KeyboardInterrupt (Ray checks for signals while it waits). The launcher's own
+    handler is back afterwards."""
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         drain()
@@ -237,8 +245,11 @@ def _stop_serve(joining: bool, app_names: list[str]) -> None:
 
     if not joining:
         return serve.shutdown()
-    for name in app_names:
-        serve.delete(name)
+    for name in app_names:  # each on its own: one that times out does not keep the others deployed
+        try:
+            serve.delete(name)
+        except Exception as exc:  # noqa: BLE001 - reported; the next one is still deleted
+            _say(f"serve-app: could not delete application {name!r}: {exc!r}")
 
 
 def _record_for_make_status(port: int, gcs_address: str) -> None:

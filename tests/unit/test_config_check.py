@@ -46,6 +46,10 @@ def _deployment(config, name):
      "so Translator could never reach 2 replicas; raise max_inflight_calls_per_model to at least 16"),
     (lambda c: _deployment(c, "Embedder")["autoscaling_config"].__setitem__("max_replicas", 9),
      "Embedder's max_replicas=9 x target_ongoing_requests=4 = 36"),
+    # shapes Serve's schema refuses are reported, not a crash of the checker (the launcher showed a traceback)
+    (lambda c: c.__setitem__("applications", ["serve-app"]), "applications.0"),
+    (lambda c: c.__setitem__("applications", "serve-app"), "applications"),
+    (lambda c: c["applications"][0].__setitem__("args", [1]), "applications.0.args"),
 ])
 def test_typos_and_bad_values_are_reported(config, mutate, expected):
     bad = copy.deepcopy(config)

@@ -61,7 +61,7 @@ def test_a_taken_port_is_refused_before_ray_starts_naming_it(monkeypatch, tmp_pa
 
 
 
-def _joined(monkeypatch, served: dict, deployed: list):
+def _joined(monkeypatch, served: dict, deployed: list, config: str = "serve_config.placed.yaml", patch=None):
     """The launcher on a joined cluster whose Serve already serves `served`, with Ray faked; its calls."""
     import argparse
     import signal
@@ -91,7 +91,9 @@ def _joined(monkeypatch, served: dict, deployed: list):
     stopped.set()  # the stop has come: the launcher drains and stops at once
     monkeypatch.setattr(run.threading, "Event", lambda: stopped)
     monkeypatch.setattr(run, "_deploy", lambda config: deployed.append(config))
-    config = Path(__file__).resolve().parents[2] / "serve_config.placed.yaml"
+    for (owner, name), value in (patch or {}).items():
+        monkeypatch.setattr(owner, name, value)
+    config = Path(__file__).resolve().parents[2] / config
     ns = argparse.Namespace(config=str(config), address="198.18.0.1:6379", dashboard=False, drain_timeout_s=1.0)
     return run._serve(ns), calls
 
@@ -104,6 +106,31 @@ def test_on_a_joined_cluster_other_applications_are_neither_replaced_nor_deleted
     assert code == 1 and deployed == []
     assert "serve.shutdown" not in calls and ("serve.delete", "their-app") not in calls
     assert "the cluster already serves their-app" in capsys.readouterr().out
+
+
+def test_a_refused_join_deletes_nothing_not_even_an_application_of_the_config_s_name(monkeypatch, capsys):
+    """The cluster serves serve-app (someone's: this launcher deployed nothing) and another app: the launcher
+    refuses, and leaves both as they were (its cleanup after a failed deploy used to delete serve-app)."""
+    deployed: list = []
+    code, calls = _joined(monkeypatch, {"serve-app": object(), "their-app": object()}, deployed)
+    assert code == 1 and deployed == []
+    assert not [c for c in calls if c == "serve.shutdown" or (isinstance(c, tuple) and c[0] == "serve.delete")]
+    assert "the cluster already serves their-app" in capsys.readouterr().out
+
+
+def test_on_a_joined_cluster_a_delete_that_times_out_is_reported_and_the_launcher_stops_cleanly(monkeypatch, capsys):
+    from ray import serve
+
+    deployed: list = []
+    deletes: list = []
+
+    def delete(name, *a, **kw):
+        deletes.append(name)
+        raise TimeoutError(f"{name} did not stop within 60 s")
+    code, calls = _joined(monkeypatch, {"serve-app": object()}, deployed, config="serve_config.yaml",
+                          patch={(serve, "delete"): delete})
+    assert code == 0 and len(deletes) == len(set(deletes)) > 0
+    assert f"could not delete application {deletes[0]!r}" in capsys.readouterr().out
 
 
 def test_on_a_joined_cluster_the_stop_deletes_only_the_config_s_applications(monkeypatch):
