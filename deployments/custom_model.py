@@ -18,6 +18,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from pydantic import BaseModel
+from pydantic_core import to_jsonable_python
 from ray import serve
 
 from .batch_config import CUSTOM_MODEL_BATCH, model_deployment_options
@@ -107,11 +108,11 @@ class CustomModel(ModelReplica):
     def info(self) -> dict:
         details: dict[str, Any] = {"load_seconds": round(self.load_seconds, 4)}
         if self.module.describe is not None:
-            try:
-                details.update(self.module.describe(self.model))
+            try:  # JSON-safe here: a NumPy value in it failed the whole /v1/models response
+                details.update(to_jsonable_python(self.module.describe(self.model), fallback=_plain))
             except Exception as exc:  # a broken describe must not break /v1/models
                 logger.warning("%s: %s.describe raised %r", self.deployment_name, self.spec.module, exc)
-                details["describe_error"] = repr(exc)
+                details["describe_error"] = type(exc).__name__  # its message (paths, data) stays in the log
         return {
             "deployment": self.deployment_name,
             "backend": "custom",
@@ -120,3 +121,9 @@ class CustomModel(ModelReplica):
             "batching": self.batching_info(),
             "details": details,
         }
+
+
+def _plain(value: Any) -> Any:
+    """A value pydantic cannot make JSON of, as plain data: NumPy scalars and arrays (`tolist`), else its str."""
+    tolist = getattr(value, "tolist", None)
+    return tolist() if callable(tolist) else str(value)

@@ -6,8 +6,10 @@ deployments/model_module.py; the replica that runs one is deployments/custom_mod
 
 from __future__ import annotations
 
+import logging
+import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 from pydantic import ValidationError
 
@@ -16,6 +18,8 @@ from deployments.model_module import ModelModule, import_model_module
 from .errors import InvalidRequest, describe_validation_errors
 from .model_clients import ModelClient
 from .settings import AppSettings
+
+logger = logging.getLogger("serve_app")
 
 
 @dataclass(frozen=True)
@@ -36,11 +40,21 @@ class CustomModel:
         convert a value run once and aliased fields keep their names."""
         items, errors = [], []
         for i, raw in enumerate(inputs):
+            # JSON has no NaN or Infinity, but Python's parser takes them and a float field accepts them: a
+            # model that raises on them failed its batch, and a few such requests its health check
+            if bad := [{"loc": ("inputs", i, *loc), "msg": "must be a finite number (not NaN or Infinity)"}
+                       for loc in _non_finite(raw)]:
+                errors += bad
+                continue
             try:
                 self.module.Input.model_validate(raw)
                 items.append(raw)
             except ValidationError as exc:
                 errors += [{**e, "loc": ("inputs", i, *e["loc"])} for e in exc.errors()]
+            except Exception as exc:  # noqa: BLE001 - a validator's own TypeError etc.: the input's fault
+                logger.info("%s: Input validation raised %s on input %d", self.name, type(exc).__name__, i)
+                errors.append({"loc": ("inputs", i), "msg": f"invalid (the model's Input check raised "
+                                                           f"{type(exc).__name__})"})
         if errors:
             raise InvalidRequest(describe_validation_errors(errors))
         return items
@@ -50,8 +64,28 @@ class CustomModel:
         return {"id": self.name, "task": "prediction", "deployment": info["deployment"], "placement": self.placement,
                 "backend": info["backend"], "batching": info["batching"],
                 "details": {"module": info["module"], **info["details"]},
-                "input_schema": self.module.Input.model_json_schema(),
-                "output_schema": self.module.Output.model_json_schema()}
+                "input_schema": _json_schema(self.module.Input), "output_schema": _json_schema(self.module.Output)}
+
+
+def _json_schema(model: Any) -> dict[str, Any]:
+    """A schema class's JSON Schema, or why there is none (a field JSON Schema cannot describe, such as an
+    arbitrary type): one model's schema must not fail /v1/models for every model."""
+    try:
+        return model.model_json_schema()
+    except Exception as exc:  # noqa: BLE001 - pydantic's PydanticInvalidForJsonSchema and the like
+        return {"description": f"no JSON Schema ({type(exc).__name__})"}
+
+
+def _non_finite(value: Any, loc: tuple = ()) -> Iterator[tuple]:
+    """Where in a parsed JSON value a float is NaN or infinite."""
+    if isinstance(value, float) and not math.isfinite(value):
+        yield loc
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _non_finite(item, (*loc, key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _non_finite(item, (*loc, index))
 
 
 def custom_models(settings: AppSettings, clients: dict[str, ModelClient]) -> dict[str, CustomModel]:

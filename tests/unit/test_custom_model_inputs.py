@@ -1,0 +1,97 @@
+"""Your own model's inputs and card against hostile or unusual modules: non-finite numbers, validators that
+raise what pydantic does not wrap, schemas JSON Schema cannot describe, `describe` output that is not JSON."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+
+import numpy as np
+import pytest
+from pydantic import BaseModel, ConfigDict, field_validator
+
+from deployments.custom_model import CustomModel
+from deployments.model_module import import_model_module
+from serve_app.custom_models import CustomModel as IngressModel
+from serve_app.errors import InvalidRequest
+
+
+class Measured(BaseModel):
+    x: float
+    extra: dict = {}
+
+
+class Out(BaseModel):
+    y: float
+
+
+class ConvertsBadly(BaseModel):
+    x: float
+
+    @field_validator("x", mode="before")
+    @classmethod
+    def _first(cls, value):
+        return float(value)  # a list raises TypeError, which pydantic passes through
+
+
+class Arbitrary(BaseModel):
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+    x: np.ndarray
+
+
+def _module(monkeypatch, name: str, Input=Measured, describe=None) -> str:
+    module = types.ModuleType(name)
+    module.Input, module.Output = Input, Out
+    module.load = lambda: {}
+    module.predict = lambda model, inputs: [Out(y=1.0) for _ in inputs]
+    module.describe = describe
+    monkeypatch.setitem(sys.modules, name, module)
+    return name
+
+
+def _ingress(monkeypatch, **kwargs) -> IngressModel:
+    name = _module(monkeypatch, "byom_inputs", **kwargs)
+    return IngressModel("m", client=None, module=import_model_module(name), placement="deployment")
+
+
+def test_nan_and_infinity_are_refused_where_they_are(monkeypatch):
+    """Python's JSON parser reads NaN and Infinity; a float field takes them. They are 422 at the ingress."""
+    model = _ingress(monkeypatch)
+    body = json.loads('[{"x": 1.5}, {"x": NaN}, {"x": 2, "extra": {"deep": [0, -Infinity]}}]')
+    with pytest.raises(InvalidRequest) as caught:
+        model.validate(body)
+    message = caught.value.message
+    assert "inputs.1.x: must be a finite number" in message and "inputs.2.extra.deep.1: must be a finite" in message
+    assert "inputs.0" not in message
+    assert model.validate([{"x": 1e308}]) == [{"x": 1e308}]  # large is fine
+
+
+def test_a_validator_s_own_type_error_is_a_422_naming_the_input(monkeypatch):
+    model = _ingress(monkeypatch, Input=ConvertsBadly)
+    with pytest.raises(InvalidRequest) as caught:
+        model.validate([{"x": 1}, {"x": [1]}])
+    assert caught.value.status_code == 422
+    assert "inputs.1: invalid (the model's Input check raised TypeError)" in caught.value.message
+
+
+def test_a_schema_json_schema_cannot_describe_does_not_fail_the_card(monkeypatch):
+    model = _ingress(monkeypatch, Input=Arbitrary)
+    card = model.card({"deployment": "Model.m", "backend": "custom", "batching": {}, "module": "byom_inputs",
+                       "details": {}})
+    assert card["input_schema"]["description"].startswith("no JSON Schema (")
+    assert card["output_schema"]["properties"]["y"]["type"] == "number"
+
+
+def test_describe_output_is_made_json_and_its_failure_names_only_the_exception(monkeypatch):
+    name = _module(monkeypatch, "byom_describe",
+                   describe=lambda model: {"classes": np.int64(3), "weights": np.array([0.5, 1.5])})
+    replica = CustomModel.func_or_class({"name": "d", "module": name})
+    details = replica.info()["details"]
+    assert details["classes"] == 3 and details["weights"] == [0.5, 1.5]
+    json.dumps(details)  # what /v1/models serialises
+
+    def missing(model):
+        raise FileNotFoundError(2, "No such file or directory", "/opt/models/acme/metrics.json")
+    replica.module = types.SimpleNamespace(**{**vars(replica.module), "describe": missing})
+    assert replica.info()["details"]["describe_error"] == "FileNotFoundError"  # not the path
