@@ -229,7 +229,10 @@ def proxy_environment(choice: str, run_dir: Path, environ: Mapping[str, str] = o
         raise ProxyChoiceError(f"proxy {choice!r} is not one of {', '.join(PROXY_CHOICES)}")
     user_set = environ.get("RAY_SERVE_ENABLE_HA_PROXY")
     if user_set is not None:
-        use_haproxy = user_set.strip().lower() in ("1", "true", "yes", "on")
+        use_haproxy = user_set == "1"  # Ray's own reading (serve/_private/constants.py): "true" is not on
+        if user_set not in ("0", "1"):
+            raise ProxyChoiceError(f"RAY_SERVE_ENABLE_HA_PROXY={user_set!r}: Ray turns HAProxy on only for '1' "
+                                   "(and treats anything else as off); set 1 or 0")
     elif choice == "python":
         use_haproxy = False
     else:

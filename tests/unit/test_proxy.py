@@ -87,6 +87,15 @@ def test_the_users_own_ray_variable_wins(tmp_path, fake_haproxy, value, expected
     assert "RAY_SERVE_ENABLE_HA_PROXY" not in added  # set by the user: left as it is
 
 
+@pytest.mark.parametrize("value", ["true", " 1", "yes", ""])
+def test_a_ray_variable_ray_would_read_differently_is_refused_naming_it(tmp_path, fake_haproxy, value):
+    """Ray turns HAProxy on for exactly "1": the launcher announced HAProxy and its queue limits for "true"
+    while Ray ran the Python proxy."""
+    env = {"RAY_SERVE_ENABLE_HA_PROXY": value, "RAY_SERVE_HAPROXY_BINARY_PATH": str(fake_haproxy)}
+    with pytest.raises(ProxyChoiceError, match=f"RAY_SERVE_ENABLE_HA_PROXY={value!r}"):
+        proxy_environment("auto", tmp_path, env)
+
+
 def test_variables_the_user_set_are_never_overwritten(tmp_path, fake_haproxy):
     env = {"RAY_SERVE_HAPROXY_BINARY_PATH": str(fake_haproxy), "RAY_SERVE_HAPROXY_NBTHREAD": "8",
            "RAY_SERVE_HAPROXY_STATS_PORT": "1", "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": "/etc/mine.cfg"}
