@@ -134,6 +134,7 @@ def check_config(config: dict[str, Any]) -> list[str]:
                     continue
                 if dname == "Translator" and settings is not None:
                     problems += _continuous_ignores(batch, settings.translation, dwhere)
+                problems += _custom_ignores(batch, dname, f"{dwhere}.user_config")
                 ongoing = dep.get("max_ongoing_requests")
                 if isinstance(ongoing, int) and ongoing < batch.max_batch_size:
                     problems.append(
@@ -158,10 +159,21 @@ def _placed_batch_configs(user_config: Any, placed: dict[str, str], where: str) 
                             f"{', '.join(sorted(placed)) or 'none'}; set args.<model>.placement: ingress)")
             continue
         try:
-            parse_batch_config(batch, name)
+            problems += _custom_ignores(parse_batch_config(batch, name), name, f"{where}.user_config.{name}")
         except ValueError as exc:
             problems.append(f"{where}.user_config.{name}: {exc}")
     return problems
+
+
+def _custom_ignores(batch: Any, name: str, where: str) -> list[str]:
+    """Your own model's batches are counted in inputs: a token budget would be silently ignored."""
+    from deployments.model_module import DEPLOYMENT_PREFIX
+
+    given = batch.user_config()
+    if name.startswith(DEPLOYMENT_PREFIX) and "max_batch_tokens" in given:
+        return [f"{where}.max_batch_tokens={given['max_batch_tokens']!r} has no effect on your own model (its "
+                "batches are counted in inputs: max_batch_size): remove it"]
+    return []
 
 
 #: Translator batch knobs that only the static path (`@serve.batch` + generate) uses

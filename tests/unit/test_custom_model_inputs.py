@@ -95,3 +95,26 @@ def test_describe_output_is_made_json_and_its_failure_names_only_the_exception(m
         raise FileNotFoundError(2, "No such file or directory", "/opt/models/acme/metrics.json")
     replica.module = types.SimpleNamespace(**{**vars(replica.module), "describe": missing})
     assert replica.info()["details"]["describe_error"] == "FileNotFoundError"  # not the path
+
+
+def test_a_token_budget_for_your_own_model_is_a_config_error_in_both_placements():
+    """Its batches are counted in inputs; max_batch_tokens was accepted and did nothing."""
+    import copy
+    from pathlib import Path
+
+    from serve_app.config_check import check_config, load_config
+
+    root = Path(__file__).resolve().parents[2]
+    own = load_config(root / "serve_config.yaml")
+    next(d for d in own["applications"][0]["deployments"] if d["name"] == "Model.iris")["user_config"][
+        "max_batch_tokens"] = 16
+    placed = load_config(root / "serve_config.placed.yaml")
+    ingress = next(d for d in placed["applications"][0]["deployments"] if d["name"] == "Ingress")
+    ingress["user_config"]["Model.iris"]["max_batch_tokens"] = 16
+    for config in (own, placed):
+        problems = check_config(copy.deepcopy(config))
+        assert any("max_batch_tokens=16 has no effect on your own model" in p for p in problems), problems
+    embedder = load_config(root / "serve_config.yaml")  # where it does something, it stays allowed
+    next(d for d in embedder["applications"][0]["deployments"] if d["name"] == "Embedder")["user_config"][
+        "max_batch_tokens"] = 512
+    assert check_config(embedder) == []
