@@ -157,6 +157,13 @@ def port_taken(host: str, port: int) -> str:
         except OSError as exc:
             record = read_record(port)
             return f" (by `make run`, pid {record['pid']})" if record else f" ({exc.strerror})"
+    # Free now, but HAProxy binds it only seconds later: claimed until this launcher exits, so that a second
+    # one started at the same moment does not also find it free, start, and serve nothing.
+    if _claims_usable():
+        claim = claim_port(port)
+        if claim is None:
+            return " (by another serve-app launcher starting on it now)"
+        _HELD_CLAIMS.append(claim)
     return ""
 
 

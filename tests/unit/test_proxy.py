@@ -172,6 +172,15 @@ def test_two_launchers_started_at_once_get_different_ports(tmp_path, fake_haprox
     assert "RAY_SERVE_HAPROXY_STATS_PORT" not in third
 
 
+def test_the_http_port_is_claimed_so_two_launchers_started_together_do_not_both_take_it(own_port_claims):
+    """Both found it free by binding (HAProxy binds it seconds later): the second is told, not started."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert proxy.port_taken("127.0.0.1", port) == "" and len(own_port_claims) == 1
+    assert proxy.port_taken("127.0.0.1", port) == " (by another serve-app launcher starting on it now)"
+
+
 def test_a_claim_is_exclusive_until_its_file_is_closed():
     claim = proxy.claim_port(1)
     assert claim is not None and proxy.claim_port(1) is None
