@@ -234,9 +234,12 @@ class ModelQueue:
         with self._ready:
             self._last_batch_s, self._last_batch_end = seconds, end
         failed = all(isinstance(out, BaseException) for out in outputs)
+        # Each call's own exception (values, not one raised): the batch ran again call by call (run_joined,
+        # run_grouped), so each failed at its own size, and the proof needs a call that large, not the batch.
+        alone = failed and error is None and len(batch) > 1
         if failed and error is None:
             error = outputs[0]
-        blamed = failed and self._proves_the_model(records)
+        blamed = failed and self._proves_the_model(max(e.records for e in batch) if alone else records)
         if not failed:
             self._remember_good(batch, outputs)
         if self._on_batch is not None:

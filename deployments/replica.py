@@ -12,6 +12,7 @@ import asyncio
 import logging
 import math
 import time
+import types
 from concurrent.futures import Future
 from typing import Any, Callable, Optional
 
@@ -120,6 +121,24 @@ class _TrackedBatchMethod:
         self._replica.metrics.count_cancelled(records)
 
 
+#: how Serve 2.60's batch queue refuses an item larger than its max_batch_size (ray/serve/batching.py)
+SERVE_REFUSED_ITEM = "Size of item is greater than max_batch_size"
+
+
+def _own_queue(method: Any, replica: Any) -> Any:
+    """`method` (a `@serve.batch` method of the replica's class) with a batch queue of this object's own.
+    Serve keeps one queue per decorated function, shared by every object of the class, and runs a batch
+    with its first call's object: two of your own models placed in one Ingress computed each other's
+    calls, and reconfiguring one resized the other's queue."""
+    from ray import serve
+
+    settings = method.set_max_batch_size.__self__  # Serve's _LazyBatchQueueWrapper: the decorator's knobs
+    own = serve.batch(max_batch_size=settings.max_batch_size, batch_wait_timeout_s=settings.batch_wait_timeout_s,
+                      max_concurrent_batches=settings.max_concurrent_batches,
+                      batch_size_fn=settings.batch_size_fn)(method.__wrapped__)
+    return types.MethodType(own, replica)
+
+
 def _records_of(item: Any) -> int:
     texts = getattr(item, "texts", item)
     try:
@@ -151,7 +170,7 @@ class ModelReplica:
         # Interactive calls queued or computing; background batches wait until there are none.
         self.interactive = InteractiveGate()
         for method in self._batched_methods():
-            setattr(self, method.__name__, _TrackedBatchMethod(self, method, priority_of(method)))
+            setattr(self, method.__name__, _TrackedBatchMethod(self, _own_queue(method, self), priority_of(method)))
         self.batch_config = self.default_batch
         self._sizer: Optional[AIMDBatchSizer] = None  # SLO-adaptive batch size, when configured
         self._apply_batch_config()
@@ -203,9 +222,11 @@ class ModelReplica:
         async def submit(piece: list, counted: bool = False) -> list:
             try:
                 return [await batched(make_item(piece), counted=counted)]
-            except RuntimeError:
+            except RuntimeError as exc:
                 size = self._size_for(batched, self.live_max_batch_size())
-                if len(piece) <= size:
+                # Serve's refusal only: a model's own RuntimeError (torch's out of memory, a broken contract)
+                # is its caller's answer, not a reason to compute the piece again in parts
+                if len(piece) <= size or not str(exc).startswith(SERVE_REFUSED_ITEM):
                     raise
                 parts = await gather_or_cancel(*(submit(part, counted=True) for part in split(piece, size)))
                 return [result for part in parts for result in part]

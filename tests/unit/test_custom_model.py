@@ -188,6 +188,25 @@ def test_concurrent_calls_share_one_predict(echo, loop):
     assert echo.stats()["computed"] == 6 and echo.deployment_name == "Model.echo"
 
 
+def test_two_models_in_one_process_keep_their_own_batches_and_knobs(echo_module, loop):
+    """Two of your own models placed in one Ingress are two objects of one class in one process: Serve's
+    batch queue was per decorated function, so one's calls ran on the other's model (its first caller's)."""
+    tens = CustomModelClass({"name": "tens", "module": echo_module, "options": {"scale": 10}})
+    thousands = CustomModelClass({"name": "thousands", "module": echo_module, "options": {"scale": 1000}})
+    for model in (tens, thousands):
+        model.reconfigure({"max_batch_size": 16, "batch_wait_timeout_s": 0.05})
+    thousands.reconfigure({"max_batch_size": 2, "batch_wait_timeout_s": 0.05})
+
+    async def go():
+        return await asyncio.gather(tens.predict([{"x": 1}]), thousands.predict([{"x": 1}]),
+                                    tens.predict([{"x": 2}]), thousands.predict([{"x": 2}]))
+
+    results = loop.run_until_complete(go())
+    assert [outputs for outputs, _ in results] == [[{"y": 10}], [{"y": 1000}], [{"y": 20}], [{"y": 2000}]]
+    assert tens.model["batches"] == [[1, 2]] and thousands.model["batches"] == [[1, 2]]
+    assert tens._predict_batch._get_max_batch_size() == 16 and thousands._predict_batch._get_max_batch_size() == 2
+
+
 def test_max_batch_size_is_counted_in_inputs_and_reconfigurable(echo, loop):
     echo.reconfigure({"max_batch_size": 2, "batch_wait_timeout_s": 0.05})
     outputs, size = loop.run_until_complete(echo.predict([{"x": i} for i in range(5)]))
@@ -207,6 +226,22 @@ def test_a_call_is_cut_to_the_live_batch_size_when_the_adaptive_size_shrinks(ech
     (many, _), (one, _) = loop.run_until_complete(go())
     assert [o["y"] for o in many] == [i * 10 for i in range(14)] and one == [{"y": 10}]
     assert max(len(b) for b in echo.model["batches"]) <= echo.live_max_batch_size()
+
+
+def test_a_model_s_own_runtime_error_is_not_computed_again_in_parts(echo, loop):
+    """Only Serve's refusal of an item larger than the shrunk size is cut and resent: a model's RuntimeError
+    (torch's out of memory, say) after the size shrank was computed again in parts, each failure counted."""
+    echo.reconfigure({"max_batch_size": 16, "batch_wait_timeout_s": 0.01})
+    sent = []
+
+    async def fails(item, counted=False):
+        sent.append(len(item))
+        echo.batch_config = echo.batch_config.model_copy(update={"max_batch_size": 4})  # shrank meanwhile
+        raise RuntimeError("CUDA out of memory")
+
+    with pytest.raises(RuntimeError, match="out of memory"):
+        loop.run_until_complete(echo._submit_pieces(fails, [{"x": i} for i in range(16)], list))
+    assert sent == [16]
 
 
 def test_inputs_are_validated_once_where_the_model_runs(monkeypatch, loop):

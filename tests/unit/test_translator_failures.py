@@ -115,3 +115,38 @@ def test_a_batch_of_bad_calls_is_blamed_on_its_inputs_once_the_known_good_call_p
         queue.check()
     finally:
         queue.shutdown()
+
+
+def test_concurrent_bad_calls_run_again_alone_are_blamed_on_their_inputs():
+    """Bad one-record calls that arrived together share a batch; the batch ran each call again alone (each
+    got its own exception, as values), so each failed at its own size: the known-good call of that size proves
+    the model works. Before, the whole batch's size was compared, nothing was blamed on the inputs, and
+    three such bursts failed a healthy replica's health check."""
+    import threading
+
+    gate, outcomes = threading.Event(), []
+
+    def compute(items):
+        if items == ["hold"]:
+            gate.wait(10)
+        return [RuntimeError("bad input") if item == "bad" else item.upper() for item in items]
+
+    def raising(items):  # a batch that fails as a whole: its size may be the cause
+        raise RuntimeError("out of memory")
+
+    queue = ModelQueue("blame-alone-test", on_batch=outcomes.append)
+    try:
+        assert queue.submit(compute, "good").result(timeout=10)[0] == "GOOD"  # known good: 1 record
+        for work in (compute, raising):
+            held = queue.submit(compute, "hold")
+            bad = [queue.submit(work, "bad", cap=8) for _ in range(3)]
+            gate.set()
+            held.result(timeout=10)
+            for future in bad:
+                with pytest.raises(RuntimeError):
+                    future.result(timeout=10)
+            gate.clear()
+            assert outcomes[-1].records == 3 and outcomes[-1].failed
+            assert outcomes[-1].inputs_blamed is (work is compute)
+    finally:
+        queue.shutdown()
