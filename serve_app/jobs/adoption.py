@@ -25,8 +25,12 @@ class Adoption:
 
     async def adopt_gone(self, clusters: Iterable[str]) -> int:
         """Adopt the unfinished jobs of each of `clusters` whose lease has been free for ADOPT_AFTER_S; how many."""
-        adopted = 0
-        for other in sorted(set(clusters)):
+        adopted, clusters = 0, set(clusters)
+        # A cluster with no unfinished job left is not watched, so its lease's free time must not be kept: a
+        # restart seen free once, whose jobs then finished, would count from then at its next restart, hours on.
+        for gone in set(self._free_since) - clusters:
+            del self._free_since[gone]
+        for other in sorted(clusters):
             if not await self.store.lease_free(other):
                 self._free_since.pop(other, None)
                 continue
@@ -35,4 +39,5 @@ class Adoption:
                 logger.warning("%d unfinished jobs of cluster %r adopted: its lease has been free for %.0f s",
                                count, other, self._clock() - since)
                 adopted += count
+                del self._free_since[other]  # its jobs are taken: a later one of its is watched afresh
         return adopted

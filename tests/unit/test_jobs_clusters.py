@@ -160,6 +160,17 @@ def test_a_cluster_s_jobs_are_adopted_only_once_its_lease_stayed_free_past_the_g
             now[0] += adoption.ADOPT_AFTER_S
             assert await watch.adopt_gone(["green"]) == 1
             assert _clusters(await blue.unfinished()) == {"job1": "blue"}
+            # A restart seen once, after which green's jobs all finished (nothing of green's to watch), then,
+            # an hour on, another restart: the grace counts from this one, not from the first
+            assert await green.lease().acquire()
+            await green.create(replace(_job(2), cluster="green"), b"{}", LIMITS)
+            await green.lease().release()
+            assert await watch.adopt_gone(["green"]) == 0  # free: seen now
+            assert await watch.adopt_gone([]) == 0  # green's job finished: not watched
+            now[0] += 3600
+            assert await watch.adopt_gone(["green"]) == 0  # green restarting again: the grace starts again
+            now[0] += adoption.ADOPT_AFTER_S
+            assert await watch.adopt_gone(["green"]) == 1
         finally:
             await blue.close()
             await green.close()
