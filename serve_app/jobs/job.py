@@ -232,10 +232,14 @@ class StoreLimits:
 
     def outgrown(self, reason: str) -> ServeAppError:
         """The error a running job fails with when a chunk of its result would pass a bound (`reason`
-        as the stores return it: "job" or "bytes"); the submission's estimate was short."""
+        as the stores return it: "job", "bytes" or "owner_bytes"); the submission's estimate was short."""
         if reason == "job":
             return JobTooLarge(f"The job's result passed jobs.max_job_result_bytes ({self.max_job_result_bytes} "
                                "bytes), more than estimated at submission: split it into smaller jobs.")
+        if reason == "owner_bytes":
+            return JobStoreFull(f"The job's result outgrew its estimate past this API key's share of the job store "
+                                f"({self.max_bytes_per_owner} result bytes, jobs.max_share_per_key).",
+                                retry_after_s=self.retry_after_s)
         return JobStoreFull(f"The job's result outgrew its estimate and the job store had no room for the rest "
                             f"(jobs.max_total_result_bytes, {self.max_total_result_bytes} bytes).",
                             retry_after_s=self.retry_after_s)

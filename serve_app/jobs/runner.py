@@ -246,7 +246,7 @@ class JobRunner:
             part = piece(record.task, body, start, stop)
             response = await retry.model_call(lambda: self._call(record.task, part), self.settings.jobs.model_retry_s)
             meta, data = encode_chunk_of(record.task, body, response)
-            put = (record.id, index, stop - start, meta, data, self.limits)
+            put = (record.id, index, stop - start, meta, data, self.limits.for_owner(record.owner))
             if not await retry.store_write(lambda: self.store.put_chunk(*put)):
                 logger.info("job %s finished meanwhile: chunk %d not kept, nothing more computed", record.id, index)
                 return False

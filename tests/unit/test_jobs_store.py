@@ -109,7 +109,8 @@ def test_limits_are_checked_with_each_create(open_store):
         with pytest.raises(Overloaded) as unfinished:
             await store.create(_job(9), b"{}", LIMITS)
         assert unfinished.value.error_type == "overloaded" and unfinished.value.retry_after_s == 2
-        for n in range(3):
+        for n in range(3):  # each with a result as large as its reservation
+            await store.put_chunk(f"job{n}", 0, 4, {}, b"x" * 100, LIMITS)
             await store.finish(f"job{n}", "succeeded", 1_010.0, 1_070.0)
         with pytest.raises(JobStoreFull):  # 300 reserved + 9,800 > 10,000
             await store.create(_job(3, reserved=9_800), b"{}", LIMITS)
@@ -143,6 +144,7 @@ def test_one_owner_takes_at_most_its_share_and_others_still_submit(open_store):
             await store.create(_job(3, owner="a"), b"{}", shared)
         assert refused.value.retry_after_s == 2
         await store.create(_job(4, owner="b"), b"{}", shared)  # another key is not held back
+        await store.put_chunk("job1", 0, 4, {}, b"x" * 100, shared)
         await store.finish("job1", "succeeded", 1_010.0, 1_070.0)
         with pytest.raises(JobStoreFull, match="250 result bytes"):  # 100 kept + 100 running + 100 > 250
             await store.create(_job(5, owner="a"), b"{}", shared)
@@ -156,6 +158,32 @@ def test_one_owner_takes_at_most_its_share_and_others_still_submit(open_store):
             await store.create(_job(n, owner="anonymous"), b"{}", shared.for_owner("anonymous"))
 
     asyncio.run(scenario())
+
+
+def test_a_result_outgrowing_its_estimate_stays_within_its_owner_s_share(open_store):
+    """The share was checked only at submission: jobs estimated small whose results grew (a custom model's
+    long outputs) let one key hold the whole store, and every other key got 503 for result_ttl_s."""
+    from dataclasses import replace
+
+    shared = replace(LIMITS, max_unfinished_jobs=10, max_jobs=10, max_job_result_bytes=400, max_bytes_per_owner=500)
+
+    async def scenario():
+        store = open_store()
+        for n in (1, 2, 3):
+            await store.create(_job(n, owner="a", reserved=10), b"{}", shared)
+        await store.create(_job(4, owner="b", reserved=10), b"{}", shared)
+        assert await store.put_chunk("job1", 0, 4, {}, b"x" * 400, shared)  # a: 400 + 10 + 10
+        assert await store.put_chunk("job4", 0, 4, {}, b"x" * 400, shared)  # b's bytes are b's
+        with pytest.raises(JobStoreFull, match="this API key's share of the job store \\(500 result bytes"):
+            await store.put_chunk("job2", 0, 4, {}, b"x" * 100, shared)  # a: 400 + 100 + 10 > 500
+        assert await store.put_chunk("job2", 0, 4, {}, b"x" * 80, shared)  # 400 + 80 + 10: at 490
+        assert await store.put_chunk("job3", 0, 4, {}, b"x" * 10, shared)  # within its reservation: no check
+        anonymous = shared.for_owner("anonymous")  # without keys, one owner: not bounded apart
+        await store.create(_job(5, owner="anonymous", reserved=10), b"{}", anonymous)
+        assert await store.put_chunk("job5", 0, 4, {}, b"x" * 400, anonymous)
+        return [(await store.get(f"job{n}")).used_bytes for n in (1, 2, 3, 4, 5)]
+
+    assert asyncio.run(scenario()) == [400, 80, 10, 400, 400]
 
 
 def test_a_chunk_larger_than_its_reservation_counts_its_real_size(open_store):
@@ -213,7 +241,8 @@ def test_a_chunk_is_refused_once_its_job_finished(open_store):
         assert not await store.put_chunk("nojob", 0, 4, {}, b"abcd", LIMITS)
         succeeded = await store.get("job2")
         assert list(await store.chunk_metas("job2")) == [0] and succeeded.used_bytes == 4
-        assert (await store.counts())["result_bytes"] == 10  # job2's reservation; nothing of the refused
+        # job2's results are whole: its reservation (10) came down to what they hold; nothing of the refused
+        assert succeeded.reserved_bytes == 4 and (await store.counts())["result_bytes"] == 4
 
     asyncio.run(scenario())
 
@@ -265,7 +294,7 @@ def test_redis_jobs_survive_a_redis_server_restart(tmp_path):
                 assert await store.chunks("job1", [0]) == {0: (4, {"i": 0}, b"\x00\x01\x02")}
                 assert (await store.get("job2")).status == "succeeded"
                 assert (await store.find("a", "k")).id == "job1"
-                assert (await store.counts())["result_bytes"] == 200
+                assert (await store.counts())["result_bytes"] == 100  # job2 succeeded holding nothing
             finally:
                 await store.close()
 

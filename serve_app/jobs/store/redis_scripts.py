@@ -47,6 +47,9 @@ if redis.call('HGET', KEYS[1], 'started_at') == '' then redis.call('HSET', KEYS[
 return 1
 """
 
+#: KEYS: chunks, job, stats, unfinished, expiry. ARGV: index, data, meta, records, the job's bound, the store's, the
+#: owner's ('' for none), the prefix. The owner's bytes are read off its jobs, as CREATE does, only when the job
+#: outgrows its reservation.
 PUT_CHUNK = """
 local s = redis.call('HGET', KEYS[2], 'status')
 if s ~= 'queued' and s ~= 'running' then return 0 end
@@ -56,6 +59,16 @@ local reserved = tonumber(redis.call('HGET', KEYS[2], 'reserved_bytes'))
 if used > tonumber(ARGV[5]) then return 2 end
 if used > reserved and tonumber(redis.call('HGET', KEYS[3], 'bytes') or '0') + used - reserved > tonumber(ARGV[6]) then
   return 3
+end
+if used > reserved and ARGV[7] ~= '' then
+  local owner, held = redis.call('HGET', KEYS[2], 'owner'), used - reserved
+  for _, ids in ipairs({redis.call('ZRANGE', KEYS[4], 0, -1), redis.call('ZRANGE', KEYS[5], 0, -1)}) do
+    for _, id in ipairs(ids) do
+      local f = redis.call('HMGET', ARGV[8] .. 'job:' .. id, 'owner', 'reserved_bytes')
+      if f[1] == owner then held = held + tonumber(f[2] or '0') end
+    end
+  end
+  if held > tonumber(ARGV[7]) then return 4 end
 end
 redis.call('HSET', KEYS[1], 'd' .. ARGV[1], ARGV[2], 'm' .. ARGV[1], ARGV[3])
 redis.call('HINCRBY', KEYS[2], 'records_done', ARGV[4])
@@ -78,6 +91,13 @@ if ARGV[1] ~= 'succeeded' then
   redis.call('DEL', KEYS[5])
   redis.call('HINCRBY', KEYS[6], 'bytes', 0 - tonumber(redis.call('HGET', KEYS[1], 'reserved_bytes')))
   redis.call('HSET', KEYS[1], 'reserved_bytes', 0, 'used_bytes', 0)
+else
+  local reserved = tonumber(redis.call('HGET', KEYS[1], 'reserved_bytes') or '0')
+  local used = tonumber(redis.call('HGET', KEYS[1], 'used_bytes') or '0')
+  if reserved > used then
+    redis.call('HINCRBY', KEYS[6], 'bytes', used - reserved)
+    redis.call('HSET', KEYS[1], 'reserved_bytes', used)
+  end
 end
 return 1
 """

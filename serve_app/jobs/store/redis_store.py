@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
-from ..job import STATES, JobRecord, StoreLimits
+from ..job import STATES, UNBOUNDED, JobRecord, StoreLimits
 from . import Chunk, JobStore, Lease
 from .redis_scripts import ADOPT, CREATE, FINISH, PURGE, PUT_CHUNK, RELEASE, RENEW, START
 
@@ -137,12 +137,13 @@ class RedisJobStore(JobStore):
 
     async def put_chunk(self, job_id: str, index: int, records: int, meta: dict, data: bytes,
                         limits: StoreLimits) -> bool:
+        owner_bound = "" if limits.max_bytes_per_owner >= UNBOUNDED else limits.max_bytes_per_owner
         stored = int(await self.redis.eval(
-            PUT_CHUNK, 3, self.key("chunks", job_id), self.key("job", job_id), self.key("stats"),
-            index, data, json.dumps([records, meta]), records, limits.max_job_result_bytes,
-            limits.max_total_result_bytes))
+            PUT_CHUNK, 5, self.key("chunks", job_id), self.key("job", job_id), self.key("stats"),
+            self.key("unfinished"), self.key("expiry"), index, data, json.dumps([records, meta]), records,
+            limits.max_job_result_bytes, limits.max_total_result_bytes, owner_bound, self.prefix))
         if stored > 1:
-            raise limits.outgrown("job" if stored == 2 else "bytes")
+            raise limits.outgrown({2: "job", 3: "bytes", 4: "owner_bytes"}[stored])
         return bool(stored)
 
     async def chunk_metas(self, job_id: str) -> dict[int, tuple[int, dict]]:

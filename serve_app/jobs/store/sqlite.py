@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from ..job import FINISHED, STATES, JobRecord, StoreLimits
+from ..job import FINISHED, STATES, UNBOUNDED, JobRecord, StoreLimits
 from . import Chunk, JobStore, Lease
 from .files import FileLease, lock_path, private
 
@@ -168,6 +168,10 @@ class SqliteJobStore(JobStore):
                 raise limits.outgrown("job")
             if grows and db.execute(_RESULT_BYTES).fetchone()[0] + grows > limits.max_total_result_bytes:
                 raise limits.outgrown("bytes")
+            if grows and limits.max_bytes_per_owner < UNBOUNDED and db.execute(
+                    _RESULT_BYTES + " WHERE owner = (SELECT owner FROM jobs WHERE id = ?)",
+                    (job_id,)).fetchone()[0] + grows > limits.max_bytes_per_owner:
+                raise limits.outgrown("owner_bytes")
             added = db.execute("INSERT OR IGNORE INTO chunks (job_id, idx, records, meta, data) VALUES (?, ?, ?, ?, ?)",
                                (job_id, index, records, json.dumps(meta), data)).rowcount
             if added:
@@ -204,6 +208,8 @@ class SqliteJobStore(JobStore):
             if done and status != "succeeded":  # nobody reads a failed or cancelled job's chunks
                 db.execute("DELETE FROM chunks WHERE job_id = ?", (job_id,))
                 db.execute("UPDATE jobs SET reserved_bytes = 0, used_bytes = 0 WHERE id = ?", (job_id,))
+            elif done:  # its results are whole: the reservation comes down to what they hold
+                db.execute("UPDATE jobs SET reserved_bytes = used_bytes WHERE id = ?", (job_id,))
             return bool(done)
 
         return await self._run(finish)
