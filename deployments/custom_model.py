@@ -12,13 +12,13 @@ break the model fails (500) without failing the requests that shared its batch.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from concurrent.futures import Future
 from typing import Any
 
 from pydantic import BaseModel
-from pydantic_core import to_jsonable_python
 from ray import serve
 
 from .batch_config import CUSTOM_MODEL_BATCH, model_deployment_options
@@ -109,7 +109,7 @@ class CustomModel(ModelReplica):
         details: dict[str, Any] = {"load_seconds": round(self.load_seconds, 4)}
         if self.module.describe is not None:
             try:  # JSON-safe here: a NumPy value in it failed the whole /v1/models response
-                details.update(to_jsonable_python(self.module.describe(self.model), fallback=_plain))
+                details.update(json.loads(json.dumps(self.module.describe(self.model), default=_plain)))
             except Exception as exc:  # a broken describe must not break /v1/models
                 logger.warning("%s: %s.describe raised %r", self.deployment_name, self.spec.module, exc)
                 details["describe_error"] = type(exc).__name__  # its message (paths, data) stays in the log
@@ -124,6 +124,6 @@ class CustomModel(ModelReplica):
 
 
 def _plain(value: Any) -> Any:
-    """A value pydantic cannot make JSON of, as plain data: NumPy scalars and arrays (`tolist`), else its str."""
+    """A value JSON has no type for, as plain data: NumPy scalars and arrays (`tolist`), else its str."""
     tolist = getattr(value, "tolist", None)
     return tolist() if callable(tolist) else str(value)

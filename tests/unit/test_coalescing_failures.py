@@ -1,0 +1,88 @@
+"""Coalesced calls that fail: a caller who left must not fail the ones who stayed, and the calls of their own
+that follow a failed shared call keep to the in-flight limit (serve_app/coalescing.py)."""
+
+import asyncio
+
+from serve_app.coalescing import CallCoalescer
+from serve_app.errors import InternalError
+from tests.unit.test_coalescing import GatedModel, coalescer, until
+
+
+def test_a_caller_who_left_after_the_call_went_out_does_not_fail_the_one_who_stayed(loop):
+    """A (bad input) and B share a sent call; A's client goes; the model raises on A's record. B's
+    records go again alone, so B gets its own answer, not A's error."""
+    async def scenario():
+        gates, sent = {"a": asyncio.Event(), "shared": asyncio.Event()}, []
+
+        async def send(key, records):
+            sent.append(list(records))
+            if len(sent) <= 2:  # the first call, then the shared one, wait for the test
+                await gates["a" if records == ["a"] else "shared"].wait()
+            if "bad" in records:
+                raise InternalError("Translator failed; logged.")
+            return list(records), len(records)
+
+        calls = CallCoalescer(send, lambda r, a, b: (r[0][a:b], r[1]), max_records=8, max_inflight_calls=1)
+        first = asyncio.ensure_future(calls.submit(None, ["a"]))
+        await until(lambda: len(sent) == 1)
+        bad, good = (asyncio.ensure_future(calls.submit(None, [text])) for text in ("bad", "good"))
+        await until(lambda: len(calls._pending) == 1 and calls._pending[0].records == 2)
+        gates["a"].set()
+        await first
+        await until(lambda: len(sent) == 2)  # the shared call is out
+        bad.cancel()
+        await asyncio.sleep(0)
+        gates["shared"].set()
+        return await good, sent, calls
+
+    good, sent, calls = loop.run_until_complete(scenario())
+    assert good == (["good"], 1)
+    assert sent == [["a"], ["bad", "good"], ["good"]] and calls.calls_sent == 3 and calls.records_sent == 4
+
+
+def test_a_caller_who_left_before_its_call_started_is_not_sent(loop):
+    """Taken off the queue, then left before the call ran: its records do not go."""
+    async def scenario():
+        model = GatedModel()
+        calls = coalescer(model, max_inflight_calls=2)
+        gone = asyncio.ensure_future(calls.submit("k", ["gone"]))
+        stays = asyncio.ensure_future(calls.submit("k", ["stays"]))
+        # Both calls are made at once (below the limit); one caller leaves before its task first runs.
+        gone.cancel()
+        model.release.set()
+        return await stays, model.calls, calls
+
+    stays, sent, calls = loop.run_until_complete(scenario())
+    assert stays == (["k:stays"], 1) and sent == [("k", ["stays"])] and calls.inflight == 0
+
+
+def test_calls_of_their_own_after_a_failed_shared_call_keep_to_the_in_flight_limit_and_are_counted(loop):
+    """A model failing for everyone: the shared call of 8 callers fails, then each caller's records go
+    alone, at most max_inflight_calls (1) at a time, and every call is counted."""
+    async def scenario():
+        gate, sent, now, most = asyncio.Event(), [], [0], [0]
+
+        async def send(key, records):
+            sent.append(list(records))
+            now[0] += 1
+            most[0] = max(most[0], now[0])
+            try:
+                await gate.wait()
+                await asyncio.sleep(0)
+                raise InternalError("Translator failed; logged.")
+            finally:
+                now[0] -= 1
+
+        calls = CallCoalescer(send, lambda r, a, b: r, max_records=8, max_inflight_calls=1)
+        first = asyncio.ensure_future(calls.submit(None, ["a"]))
+        await until(lambda: len(sent) == 1)
+        shared = [asyncio.ensure_future(calls.submit(None, [f"r{i}"])) for i in range(8)]
+        await until(lambda: len(calls._pending) == 1 and calls._pending[0].records == 8)
+        gate.set()
+        await asyncio.gather(first, *shared, return_exceptions=True)
+        return shared, sent, most[0], calls
+
+    shared, sent, most, calls = loop.run_until_complete(scenario())
+    assert all(isinstance(s.exception(), InternalError) for s in shared)
+    assert len(sent) == 10 and most == 1  # the shared call, then its 8 callers one at a time
+    assert calls.calls_sent == 10 and calls.records_sent == 17 and calls.inflight == 0
