@@ -63,6 +63,8 @@ class BatchOutcome:
     inputs_blamed: bool = False
     #: the batch was full: at its cap, or the next waiting call did not fit (`ModelQueue._next_batch`)
     full: bool = False
+    #: some call failed on its own: the batch ran again call by call, so `seconds` is not one batch's time
+    rerun: bool = False
 
 
 class ModelQueue:
@@ -236,7 +238,8 @@ class ModelQueue:
         failed = all(isinstance(out, BaseException) for out in outputs)
         # Each call's own exception (values, not one raised): the batch ran again call by call (run_joined,
         # run_grouped), so each failed at its own size, and the proof needs a call that large, not the batch.
-        alone = failed and error is None and len(batch) > 1
+        rerun = error is None and any(isinstance(out, BaseException) for out in outputs)
+        alone = failed and rerun and len(batch) > 1
         if failed and error is None:
             error = outputs[0]
         blamed = failed and self._proves_the_model(max(e.records for e in batch) if alone else records)
@@ -244,7 +247,8 @@ class ModelQueue:
             self._remember_good(batch, outputs)
         if self._on_batch is not None:
             try:
-                self._on_batch(BatchOutcome(priority, records, seconds, cpu_seconds, failed, error, blamed, full))
+                self._on_batch(BatchOutcome(priority, records, seconds, cpu_seconds, failed, error, blamed, full,
+                                            rerun))
             except Exception:  # pragma: no cover - bookkeeping must never lose a result
                 logger.exception("model batch bookkeeping failed")
         for entry, out in zip(batch, outputs):

@@ -121,8 +121,7 @@ class _TrackedBatchMethod:
         self._replica.metrics.count_cancelled(records)
 
 
-#: how Serve 2.60's batch queue refuses an item larger than its max_batch_size (ray/serve/batching.py)
-SERVE_REFUSED_ITEM = "Size of item is greater than max_batch_size"
+SERVE_REFUSED_ITEM = "Size of item is greater than max_batch_size"  # Serve 2.60's refusal (ray/serve/batching.py)
 
 
 def _own_queue(method: Any, replica: Any) -> Any:
@@ -279,7 +278,8 @@ class ModelReplica:
         background = outcome.priority >= Priority.BACKGROUND
         self._stats["computed_background" if background else "computed_interactive"] += outcome.records
         self.metrics.observe_batch(outcome.records, outcome.seconds)
-        if (sizer := self._sizer) is not None and not background:  # job batches are capped apart: no evidence
+        # no evidence for the interactive size: job batches (capped apart), batches run again call by call
+        if (sizer := self._sizer) is not None and not background and not outcome.rerun:
             sizer.observe(outcome.seconds, outcome.records, outcome.full)
 
     def check_health(self) -> None:

@@ -150,3 +150,40 @@ def test_concurrent_bad_calls_run_again_alone_are_blamed_on_their_inputs():
             assert outcomes[-1].inputs_blamed is (work is compute)
     finally:
         queue.shutdown()
+
+
+def test_a_batch_run_again_call_by_call_is_no_evidence_for_the_adaptive_size():
+    """One bad call makes its batch run again call by call: that time is not one batch's, and fed to the
+    SLO sizer it shrank every user's batch size toward its minimum."""
+    from deployments.batch_config import BatchConfig
+    from deployments.model_queue import BatchOutcome
+    from deployments.replica import ModelReplica
+
+    outcomes = []
+    queue = ModelQueue("rerun-test", on_batch=outcomes.append)
+    try:
+        mixed = queue.submit(lambda items: [RuntimeError("bad"), "ok"][:len(items)], "x")
+        with pytest.raises(RuntimeError):
+            mixed.result(timeout=10)
+        assert queue.submit(lambda items: ["ok"] * len(items), "y").result(timeout=10)[0] == "ok"
+    finally:
+        queue.shutdown()
+    assert [o.rerun for o in outcomes] == [True, False]
+
+    class Replica(ModelReplica):
+        deployment_name = "rerun"
+
+        def _batched_methods(self):
+            return []
+
+    Replica.default_batch = BatchConfig(max_batch_size=16, batch_wait_timeout_s=0.01,
+                                        target_p99_batch_latency_s=0.1)
+    replica = Replica()
+    replica._init_replica()
+    assert replica._sizer is not None  # target_p99_batch_latency_s: the SLO sizer is on
+    seen = []
+    replica._sizer.observe = lambda *args: seen.append(args)
+    for rerun in (True, False):
+        replica._record_batch(BatchOutcome(0, 16, 5.0, 5.0, failed=False, rerun=rerun))
+    assert seen == [(5.0, 16, False)]
+    replica._model_thread.shutdown()
