@@ -12,7 +12,6 @@ break the model fails (500) without failing the requests that shared its batch.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from concurrent.futures import Future
@@ -109,7 +108,7 @@ class CustomModel(ModelReplica):
         details: dict[str, Any] = {"load_seconds": round(self.load_seconds, 4)}
         if self.module.describe is not None:
             try:  # JSON-safe here: a NumPy value in it failed the whole /v1/models response
-                details.update(json.loads(json.dumps(self.module.describe(self.model), default=_plain)))
+                details.update(_plain(self.module.describe(self.model)))
             except Exception as exc:  # a broken describe must not break /v1/models
                 logger.warning("%s: %s.describe raised %r", self.deployment_name, self.spec.module, exc)
                 details["describe_error"] = type(exc).__name__  # its message (paths, data) stays in the log
@@ -124,6 +123,18 @@ class CustomModel(ModelReplica):
 
 
 def _plain(value: Any) -> Any:
-    """A value JSON has no type for, as plain data: NumPy scalars and arrays (`tolist`), else its str."""
+    """`value` as JSON data: NumPy scalars and arrays as numbers and lists (`tolist`), mapping keys as strings,
+    anything else JSON has no type for as its str."""
+    if isinstance(value, dict):
+        return {_key(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
     tolist = getattr(value, "tolist", None)
-    return tolist() if callable(tolist) else str(value)
+    return _plain(tolist()) if callable(tolist) else str(value)
+
+
+def _key(key: Any) -> str:
+    plain = _plain(key)  # a NumPy scalar as its number, then as text: JSON's keys are strings
+    return plain if isinstance(plain, str) else str(plain)

@@ -47,7 +47,12 @@ class CustomModel:
                 errors += bad
                 continue
             try:
-                self.module.Input.model_validate(raw)
+                validated = self.module.Input.model_validate(raw)
+                # ... nor as strings ("NaN", "-inf", "1e400"), which a lax float field turns into them
+                if bad := [{"loc": ("inputs", i, *loc), "msg": "must be a finite number (not NaN or Infinity)"}
+                           for loc in _non_finite(validated.model_dump())]:
+                    errors += bad
+                    continue
                 items.append(raw)
             except ValidationError as exc:
                 errors += [{**e, "loc": ("inputs", i, *e["loc"])} for e in exc.errors()]

@@ -65,6 +65,9 @@ def test_nan_and_infinity_are_refused_where_they_are(monkeypatch):
     assert "inputs.1.x: must be a finite number" in message and "inputs.2.extra.deep.1: must be a finite" in message
     assert "inputs.0" not in message
     assert model.validate([{"x": 1e308}]) == [{"x": 1e308}]  # large is fine
+    for text in ("NaN", "-inf", "Infinity", "1e400"):  # strings a lax float field turns into them
+        with pytest.raises(InvalidRequest, match="inputs.0.x: must be a finite number"):
+            model.validate([{"x": text}])
 
 
 def test_a_validator_s_own_type_error_is_a_422_naming_the_input(monkeypatch):
@@ -85,10 +88,12 @@ def test_a_schema_json_schema_cannot_describe_does_not_fail_the_card(monkeypatch
 
 def test_describe_output_is_made_json_and_its_failure_names_only_the_exception(monkeypatch):
     name = _module(monkeypatch, "byom_describe",
-                   describe=lambda model: {"classes": np.int64(3), "weights": np.array([0.5, 1.5])})
+                   describe=lambda model: {"classes": np.int64(3), "weights": np.array([0.5, 1.5]),
+                                           "labels": {np.int64(0): "setosa", (1, 2): {"x"}}})
     replica = CustomModel.func_or_class({"name": "d", "module": name})
     details = replica.info()["details"]
     assert details["classes"] == 3 and details["weights"] == [0.5, 1.5]
+    assert details["labels"] == {"0": "setosa", "[1, 2]": ["x"]}
     json.dumps(details)  # what /v1/models serialises
 
     def missing(model):
