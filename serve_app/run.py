@@ -187,7 +187,12 @@ def _serve(ns: argparse.Namespace) -> int:
     try:
         # Refused before anything is deployed, so that nothing is cleaned up either: an application of the
         # config's name there is someone's (deleting it was the cleanup's doing, before).
-        if joining and (others := _other_apps(app_names)):
+        try:
+            others = _other_apps(app_names) if joining else []
+        except Exception as exc:  # noqa: BLE001 - the controller unreachable or slow: nothing deployed yet
+            _say(f"serve-app: could not deploy {ns.config}: the cluster did not say what it serves ({exc!r})")
+            return 1
+        if others:
             _say(f"serve-app: could not deploy {ns.config}: the cluster already serves {', '.join(others)}, which "
                  "deploying this config would delete (a Serve config is the whole set of applications): serve "
                  "them together")
