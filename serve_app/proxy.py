@@ -137,6 +137,15 @@ def claim_port(port: int) -> Optional[IO]:
     return claim
 
 
+def _unclaimed(port: int) -> bool:
+    """No launcher (this process included) holds a claim on `port` now."""
+    claim = claim_port(port)
+    if claim is None:
+        return False
+    claim.close()
+    return True
+
+
 def _port_free(port: int) -> bool:
     with socket.socket() as s:
         try:
@@ -176,10 +185,13 @@ FALLBACK_PORTS = range(20_000, 30_000)
 
 
 def free_port() -> int:
-    """A random port of FALLBACK_PORTS that is free now on every interface (the launcher's fallback, and the
-    tests' servers: one source for both)."""
+    """A random port of FALLBACK_PORTS that is free now on every interface and that no serve-app launcher of
+    this user's has claimed (HAProxy's ports and the HTTP port are claimed before they are bound; a test
+    process that started a launcher's HAProxy settings holds claims too): the launcher's fallback, and the
+    tests' servers, one source for both."""
+    claims = _claims_usable()
     for port in random.sample(FALLBACK_PORTS, 200):
-        if _port_free(port):
+        if _port_free(port) and (not claims or _unclaimed(port)):
             return port
     raise RuntimeError(f"no free port in {FALLBACK_PORTS.start}-{FALLBACK_PORTS.stop - 1} after 200 tries")
 

@@ -181,6 +181,16 @@ def test_the_http_port_is_claimed_so_two_launchers_started_together_do_not_both_
     assert proxy.port_taken("127.0.0.1", port) == " (by another serve-app launcher starting on it now)"
 
 
+def test_a_free_port_is_never_one_a_launcher_claimed(monkeypatch, own_port_claims):
+    """A test process that built a launcher's HAProxy settings holds claims on ports it has not bound; a
+    server the tests start on a free port must not take one (the launcher would refuse it as claimed)."""
+    ports = iter([20_001, 20_002])
+    monkeypatch.setattr(proxy.random, "sample", lambda population, k: list(ports))
+    monkeypatch.setattr(proxy, "_port_free", lambda port: True)
+    own_port_claims.append(proxy.claim_port(20_001))
+    assert proxy.free_port() == 20_002
+
+
 def test_a_claim_is_exclusive_until_its_file_is_closed():
     claim = proxy.claim_port(1)
     assert claim is not None and proxy.claim_port(1) is None
