@@ -40,20 +40,32 @@ def test_a_caller_who_left_after_the_call_went_out_does_not_fail_the_one_who_sta
     assert sent == [["a"], ["bad", "good"], ["good"]] and calls.calls_sent == 3 and calls.records_sent == 4
 
 
-def test_a_caller_who_left_before_its_call_started_is_not_sent(loop):
-    """Taken off the queue, then left before the call ran: its records do not go."""
+def test_a_caller_who_left_after_its_call_was_taken_off_the_queue_is_not_sent(loop):
+    """Two callers share a pending call. One is cancelled as the call in flight returns: it leaves after the
+    shared call's task was made, before the task first ran. Only the other's records go."""
     async def scenario():
-        model = GatedModel()
-        calls = coalescer(model, max_inflight_calls=2)
-        gone = asyncio.ensure_future(calls.submit("k", ["gone"]))
-        stays = asyncio.ensure_future(calls.submit("k", ["stays"]))
-        # Both calls are made at once (below the limit); one caller leaves before its task first runs.
-        gone.cancel()
-        model.release.set()
-        return await stays, model.calls, calls
+        gate, sent, waiting = asyncio.Event(), [], {}
 
-    stays, sent, calls = loop.run_until_complete(scenario())
-    assert stays == (["k:stays"], 1) and sent == [("k", ["stays"])] and calls.inflight == 0
+        async def send(key, records):
+            sent.append(list(records))
+            if records == ["first"]:
+                await gate.wait()
+                # before this call's end reaches the coalescer, which then makes the shared call's task
+                asyncio.get_running_loop().call_soon(waiting["gone"].cancel)
+            return [f"{key}:{r}" for r in records], len(records)
+
+        calls = CallCoalescer(send, lambda r, a, b: (r[0][a:b], r[1]), max_records=4, max_inflight_calls=1)
+        first = asyncio.ensure_future(calls.submit("k", ["first"]))
+        await until(lambda: len(sent) == 1)
+        waiting["gone"], stays = (asyncio.ensure_future(calls.submit("k", [text])) for text in ("gone", "stays"))
+        await until(lambda: len(calls._pending) == 1 and calls._pending[0].records == 2)
+        gate.set()
+        await first
+        return await stays, waiting["gone"].cancelled(), sent, calls
+
+    stays, left, sent, calls = loop.run_until_complete(scenario())
+    assert left and stays == (["k:stays"], 1)
+    assert sent == [["first"], ["stays"]] and calls.records_sent == 2 and calls.inflight == 0
 
 
 def test_calls_of_their_own_after_a_failed_shared_call_keep_to_the_in_flight_limit_and_are_counted(loop):
