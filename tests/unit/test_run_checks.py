@@ -133,6 +133,19 @@ def test_on_a_joined_cluster_a_delete_that_times_out_is_reported_and_the_launche
     assert f"could not delete application {deletes[0]!r}" in capsys.readouterr().out
 
 
+def test_a_ctrl_c_during_serve_s_stop_cuts_it_short_and_the_launcher_still_disconnects(monkeypatch, capsys):
+    """Serve's stop (a delete per application on a joined cluster, serve.shutdown locally) can wait up to a
+    minute; it ran with the launcher's own Ctrl-C handler, which only sets an event nobody read any more."""
+    from ray import serve
+
+    def interrupted(name, *a, **kw):  # what a Ctrl-C raises once the default handler is back
+        raise KeyboardInterrupt
+    code, calls = _joined(monkeypatch, {"serve-app": object()}, [], patch={(serve, "delete"): interrupted})
+    assert code == 0 and calls[-1] == "ray.shutdown"
+    out = capsys.readouterr().out
+    assert "Serve's stop cut short by Ctrl-C" in out and "may still be on the cluster" in out
+
+
 def test_on_a_joined_cluster_the_stop_deletes_only_the_config_s_applications(monkeypatch):
     deployed: list = []
     code, calls = _joined(monkeypatch, {"serve-app": object()}, deployed)  # its own, from an earlier run
