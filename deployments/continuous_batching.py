@@ -193,7 +193,10 @@ class ContinuousScheduler:
     def _fits(self, joining: list[DecodeRequest]) -> bool:
         if self.max_cached_tokens is None or (self.decoder.running == 0 and len(joining) == 1):
             return True  # a sequence alone always runs, whatever its size
-        return self.decoder.projected_tokens(joining) <= self.max_cached_tokens
+        # Joining every N steps, a finished row stays in the batch until the next rebuild, and the self columns
+        # grow past the longest output by up to N - 1 meanwhile, for every row.
+        slack = (self.join_interval_steps - 1) * (self.decoder.running + len(joining))
+        return self.decoder.projected_tokens(joining) + slack <= self.max_cached_tokens
 
     def _work(self) -> None:
         try:

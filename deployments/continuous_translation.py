@@ -160,10 +160,10 @@ class ContinuousTranslation:
             background = priority >= Priority.BACKGROUND
             stats["computed_background" if background else "computed_interactive"] += records
         if on is not None:
-            if outcome.running:
+            if outcome.running:  # (an iteration that only let cancelled sequences go ran no step)
                 on.running.observe(outcome.running, tags=self._tags)
                 on.step_seconds.observe(outcome.seconds, tags=self._tags)
-            on.joins.observe(outcome.joined, tags=self._tags)
+                on.joins.observe(outcome.joined, tags=self._tags)
         replica.metrics.count_computed(outcome.finished)
 
 

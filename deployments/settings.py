@@ -118,7 +118,8 @@ class TranslationSettings(Section):
     max_cached_tokens: Optional[int] = Field(
         None, ge=1, le=100_000_000,
         description="For `scheduling: continuous`: bound on the running batch's attention caches, in token "
-        "slots (sentences x (longest output allowed + longest source), padding included); a sentence joins "
+        "slots (sentences x (longest output allowed + longest source + join_interval_steps - 1), padding "
+        "included); a sentence joins "
         "only while the bound holds if every running sentence decodes to its max_new_tokens. Memory per slot: "
         "decoder layers x 2 (key, value) x d_model x bytes per value (Marian-base float32: 24 KiB). Unset: only "
         "max_running_sequences bounds it.",

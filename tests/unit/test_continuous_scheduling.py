@@ -114,6 +114,31 @@ def test_cached_token_cap_holds_and_a_lone_sequence_always_runs(scheduler_for):
     assert any(running == 1 and projected > 60 for running, projected in seen)
 
 
+def test_the_cached_token_cap_holds_when_joining_every_n_steps(make_backend, tiny_marian_dir):
+    """Joining every 8 steps, a finished row stays in the batch until the next rebuild while the self columns
+    grow: a sentence admitted at exactly the cap pushed the caches 6 slots past it (60, 62, 64 of 58)."""
+    steps = Steps()
+    scheduler = ContinuousScheduler(make_backend(tiny_marian_dir), max_running_sequences=8, max_cached_tokens=58,
+                                    max_new_tokens=40, join_interval_steps=8, on_step=steps)
+    scheduler.limits = lambda text, ids: (20, 20)
+    seen, step = [], scheduler.decoder.step
+
+    def checked_step(**kwargs):
+        finished = step(**kwargs)
+        if len(scheduler.decoder._rows) > 1:
+            seen.append(scheduler.decoder.cached_tokens())
+        return finished
+    scheduler.decoder.step = checked_step
+    try:
+        first = scheduler.submit(["Hello there."], "en", "de")
+        steps.wait(lambda _: len(steps.outcomes) >= 5)  # the first is well into its 20 tokens
+        second = scheduler.submit(["Hello there."], "en", "de")
+        assert first.result(timeout=60)[0] == second.result(timeout=60)[0]
+    finally:
+        scheduler.shutdown()
+    assert all(cached <= 58 for cached in seen), seen
+
+
 def test_interactive_calls_join_before_waiting_job_records(scheduler_for):
     scheduler, backend = scheduler_for(max_running_sequences=1)
     gate, joining, joined = threading.Event(), threading.Event(), []
