@@ -13,10 +13,9 @@ soon as its last sequence is done. With `join_interval_steps` N > 1, sequences j
 ones are taken out of the caches) only every N steps, or sooner when nothing runs or half a batch or
 more can join at once: one encoder pass and one cache reshuffle for many sequences, which is what a
 step costs on a GPU. A call cancelled by its caller (deadline passed, client gone), or failed by a
-step, leaves at the next step, its sequences never computed further. An error outside a step stops
-the thread: callers get a BackendError, new calls are refused, a `fatal` StepOutcome is sent.
-No Ray here: the Translator deployment wires it in (deployments/continuous_translation.py).
-"""
+step, leaves at the next step, its sequences never computed further. An error outside a step stops the thread:
+callers get a BackendError, new calls are refused, a `fatal` StepOutcome is sent. No Ray here: the Translator
+deployment wires it in (continuous_translation.py)."""
 
 from __future__ import annotations
 
@@ -193,8 +192,7 @@ class ContinuousScheduler:
     def _fits(self, joining: list[DecodeRequest]) -> bool:
         if self.max_cached_tokens is None or (self.decoder.running == 0 and len(joining) == 1):
             return True  # a sequence alone always runs, whatever its size
-        # Joining every N steps, a finished row stays in the batch until the next rebuild, and the self columns
-        # grow past the longest output by up to N - 1 meanwhile, for every row.
+        # joining every N steps, finished rows stay until the next rebuild and every row's columns grow up to N - 1
         slack = (self.join_interval_steps - 1) * (self.decoder.running + len(joining))
         return self.decoder.projected_tokens(joining) + slack <= self.max_cached_tokens
 
