@@ -161,8 +161,9 @@ def test_a_stopped_decoding_thread_fails_the_health_check_at_once(continuous_tra
     assert replica.stats()["enqueued"] == enqueued  # a refused call is not counted as enqueued
 
 
-def test_a_failed_step_sets_the_cached_tokens_gauge_to_what_the_caches_hold():
-    """A failed step empties the running batch: the gauge must not keep the last step's value."""
+def test_a_failed_step_sets_the_cached_tokens_gauge_to_what_the_caches_hold_and_no_step_no_joins():
+    """A failed step empties the running batch: the gauge must not keep the last step's value. An iteration
+    that only let cancelled sentences go ran no step: it observes no joins (it inflated "steps nobody joined")."""
     from types import SimpleNamespace
 
     from deployments.continuous_batching import StepOutcome
@@ -176,8 +177,8 @@ def test_a_failed_step_sets_the_cached_tokens_gauge_to_what_the_caches_hold():
         def set(self, value, tags=None):
             self.values.append(value)
 
-        def observe(self, *args, **kwargs):
-            pass
+        def observe(self, value, tags=None):
+            self.values.append(value)
 
     gauge = Gauge()
     instruments = SimpleNamespace(running=Gauge(), step_seconds=Gauge(), joins=Gauge(), cached_tokens=gauge)
@@ -188,6 +189,8 @@ def test_a_failed_step_sets_the_cached_tokens_gauge_to_what_the_caches_hold():
     ContinuousTranslation._record(engine, StepOutcome(4, 0, 0, {}, 0.1, 0.1, 4096, 0))
     ContinuousTranslation._record(engine, StepOutcome(0, 0, 0, {}, 0.1, 0.1, 0, 0, True, RuntimeError("boom")))
     assert gauge.values == [4096, 0]
+    ContinuousTranslation._record(engine, StepOutcome(0, 0, 0, {}, 0.0, 0.0, 0, dropped=2))  # only let 2 go
+    assert instruments.joins.values == [0] and instruments.running.values == [4]
 
 
 def test_a_decoding_step_that_never_returns_fails_the_health_check(continuous_translator):

@@ -146,6 +146,18 @@ def test_a_ctrl_c_during_serve_s_stop_cuts_it_short_and_the_launcher_still_disco
     assert "Serve's stop cut short by Ctrl-C" in out and "may still be on the cluster" in out
 
 
+def test_a_joined_cluster_that_cannot_list_its_applications_is_reported_and_nothing_deployed(monkeypatch, capsys):
+    from ray import serve
+
+    def unreachable():
+        raise TimeoutError("the controller did not answer within 30 s")
+    deployed: list = []
+    code, calls = _joined(monkeypatch, {}, deployed, patch={(serve, "status"): unreachable})
+    assert code == 1 and deployed == [] and calls[-1] == "ray.shutdown"
+    assert not [c for c in calls if isinstance(c, tuple) and c[0] == "serve.delete"]
+    assert "the cluster did not say what it serves (TimeoutError(" in capsys.readouterr().out
+
+
 def test_on_a_joined_cluster_the_stop_deletes_only_the_config_s_applications(monkeypatch):
     deployed: list = []
     code, calls = _joined(monkeypatch, {"serve-app": object()}, deployed)  # its own, from an earlier run
