@@ -42,15 +42,13 @@ class CustomModel:
         for i, raw in enumerate(inputs):
             # JSON has no NaN or Infinity, but Python's parser takes them and a float field accepts them: a
             # model that raises on them failed its batch, and a few such requests its health check
-            if bad := [{"loc": ("inputs", i, *loc), "msg": "must be a finite number (not NaN or Infinity)"}
-                       for loc in _non_finite(raw)]:
+            if bad := _non_finite_errors(i, raw):
                 errors += bad
                 continue
             try:
                 validated = self.module.Input.model_validate(raw)
                 # ... nor as strings ("NaN", "-inf", "1e400"), which a lax float field turns into them
-                if bad := [{"loc": ("inputs", i, *loc), "msg": "must be a finite number (not NaN or Infinity)"}
-                           for loc in _non_finite(validated.model_dump())]:
+                if bad := _non_finite_errors(i, validated.model_dump()):
                     errors += bad
                     continue
                 items.append(raw)
@@ -79,6 +77,12 @@ def _json_schema(model: Any) -> dict[str, Any]:
         return model.model_json_schema()
     except Exception as exc:  # noqa: BLE001 - pydantic's PydanticInvalidForJsonSchema and the like
         return {"description": f"no JSON Schema ({type(exc).__name__})"}
+
+
+def _non_finite_errors(index: int, value: Any) -> list[dict]:
+    """The 422 errors for input `index`'s NaN and infinite floats, if any."""
+    return [{"loc": ("inputs", index, *loc), "msg": "must be a finite number (not NaN or Infinity)"}
+            for loc in _non_finite(value)]
 
 
 def _non_finite(value: Any, loc: tuple = ()) -> Iterator[tuple]:

@@ -1,10 +1,29 @@
 """The job store's Lua scripts (serve_app/jobs/store/redis_store.py): every change that must be atomic is
 one script, so two JobManagers or a crash between calls never leave the counts wrong."""
 
+#: What one owner holds, read off its jobs rather than kept in counters that could drift: (its unfinished jobs, its
+#: unfinished and kept jobs, their reserved bytes). CREATE and PUT_CHUNK both start with it, so their two atomic
+#: checks of an owner's share cannot drift apart.
+_OWNER_HOLDS = """
+local function owner_holds(unfinished_key, expiry_key, prefix, owner)
+  local unfinished, jobs, held = 0, 0, 0
+  for n, ids in ipairs({redis.call('ZRANGE', unfinished_key, 0, -1), redis.call('ZRANGE', expiry_key, 0, -1)}) do
+    for _, id in ipairs(ids) do
+      local f = redis.call('HMGET', prefix .. 'job:' .. id, 'owner', 'reserved_bytes')
+      if f[1] == owner then
+        if n == 1 then unfinished = unfinished + 1 end
+        jobs = jobs + 1
+        held = held + tonumber(f[2] or '0')
+      end
+    end
+  end
+  return unfinished, jobs, held
+end
+"""
+
 #: KEYS: job, payload, unfinished, keys, stats, expiry. ARGV: id, key field, now, the store's three bounds, reserved
-#: bytes, payload, the record, the prefix, created_at, owner, the owner's three bounds. An owner's jobs are counted
-#: by reading the unfinished and kept ones (at most the store's bounds), not by counters that could drift.
-CREATE = """
+#: bytes, payload, the record, the prefix, created_at, owner, the owner's three bounds.
+CREATE = _OWNER_HOLDS + """
 if ARGV[2] ~= '' then
   local existing = redis.call('HGET', KEYS[4], ARGV[2])
   if existing then
@@ -16,17 +35,8 @@ if redis.call('ZCARD', KEYS[3]) >= tonumber(ARGV[4]) then return {'refused', 'un
 if tonumber(redis.call('HGET', KEYS[5], 'jobs') or '0') >= tonumber(ARGV[5]) then return {'refused', 'jobs'} end
 local bytes = tonumber(redis.call('HGET', KEYS[5], 'bytes') or '0')
 if bytes + tonumber(ARGV[7]) > tonumber(ARGV[6]) then return {'refused', 'bytes'} end
-local unfinished, jobs, held = 0, 0, tonumber(ARGV[7])
-for n, ids in ipairs({redis.call('ZRANGE', KEYS[3], 0, -1), redis.call('ZRANGE', KEYS[6], 0, -1)}) do
-  for _, id in ipairs(ids) do
-    local f = redis.call('HMGET', ARGV[10] .. 'job:' .. id, 'owner', 'reserved_bytes')
-    if f[1] == ARGV[12] then
-      if n == 1 then unfinished = unfinished + 1 end
-      jobs = jobs + 1
-      held = held + tonumber(f[2] or '0')
-    end
-  end
-end
+local unfinished, jobs, held = owner_holds(KEYS[3], KEYS[6], ARGV[10], ARGV[12])
+held = held + tonumber(ARGV[7])
 if unfinished >= tonumber(ARGV[13]) then return {'refused', 'owner_unfinished'} end
 if jobs >= tonumber(ARGV[14]) then return {'refused', 'owner_jobs'} end
 if held > tonumber(ARGV[15]) then return {'refused', 'owner_bytes'} end
@@ -48,9 +58,8 @@ return 1
 """
 
 #: KEYS: chunks, job, stats, unfinished, expiry. ARGV: index, data, meta, records, the job's bound, the store's, the
-#: owner's ('' for none), the prefix. The owner's bytes are read off its jobs, as CREATE does, only when the job
-#: outgrows its reservation.
-PUT_CHUNK = """
+#: owner's ('' for none), the prefix. The owner's bytes are read only when the job outgrows its reservation.
+PUT_CHUNK = _OWNER_HOLDS + """
 local s = redis.call('HGET', KEYS[2], 'status')
 if s ~= 'queued' and s ~= 'running' then return 0 end
 if redis.call('HEXISTS', KEYS[1], 'd' .. ARGV[1]) == 1 then return 1 end
@@ -61,14 +70,8 @@ if used > reserved and tonumber(redis.call('HGET', KEYS[3], 'bytes') or '0') + u
   return 3
 end
 if used > reserved and ARGV[7] ~= '' then
-  local owner, held = redis.call('HGET', KEYS[2], 'owner'), used - reserved
-  for _, ids in ipairs({redis.call('ZRANGE', KEYS[4], 0, -1), redis.call('ZRANGE', KEYS[5], 0, -1)}) do
-    for _, id in ipairs(ids) do
-      local f = redis.call('HMGET', ARGV[8] .. 'job:' .. id, 'owner', 'reserved_bytes')
-      if f[1] == owner then held = held + tonumber(f[2] or '0') end
-    end
-  end
-  if held > tonumber(ARGV[7]) then return 4 end
+  local _, _, held = owner_holds(KEYS[4], KEYS[5], ARGV[8], redis.call('HGET', KEYS[2], 'owner'))
+  if held + used - reserved > tonumber(ARGV[7]) then return 4 end
 end
 redis.call('HSET', KEYS[1], 'd' .. ARGV[1], ARGV[2], 'm' .. ARGV[1], ARGV[3])
 redis.call('HINCRBY', KEYS[2], 'records_done', ARGV[4])
