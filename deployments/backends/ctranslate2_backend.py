@@ -250,7 +250,7 @@ class CTranslate2Backend(TransformersBackend):
         facts = super().describe()
         facts.pop("dtype", None)
         facts.pop("cpu_weight_layout", None)
-        facts.update(compute_type=self.compute_type, converted_path=str(self.converted_path))
+        facts.update(compute_type=self.compute_type)
         return facts
 
     # ------------------------------------------------------------------ generation

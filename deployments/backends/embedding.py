@@ -6,7 +6,6 @@ mean over non-padding tokens -> unit length) without that dependency.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -135,5 +134,4 @@ class SentenceEmbedder(EmbedderBase):
         from .cpu_linears import weight_layout
 
         return {"device": self.device, "engine": "torch", "max_seq_tokens": self.max_seq_tokens,
-                "model_path": self.model_path, "threads": self._torch.get_num_threads(), "pid": os.getpid(),
-                "cpu_weight_layout": weight_layout(self._model)}
+                "threads": self._torch.get_num_threads(), "cpu_weight_layout": weight_layout(self._model)}

@@ -66,6 +66,8 @@ class OnnxSentenceEmbedder(EmbedderBase):
             self._session = ort.InferenceSession(str(self.onnx_path), options, providers=["CPUExecutionProvider"])
         except Exception as exc:
             raise ModelLoadError(f"could not load the ONNX export {self.onnx_path}: {exc}") from exc
+        # the paths go to the log, not to /v1/models: its callers are tenants, not the machine's operators
+        logger.info("ONNX Runtime embedder: %s, exported from %s", self.onnx_path, self.model_path)
 
     def _tokenize(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
         rows = self._tokenizer.encode_batch(list(texts))
@@ -84,8 +86,7 @@ class OnnxSentenceEmbedder(EmbedderBase):
 
     def describe(self) -> dict:
         return {"device": self.device, "engine": "onnx", "max_seq_tokens": self.max_seq_tokens,
-                "model_path": self.model_path, "onnx_path": str(self.onnx_path), "threads": self.threads,
-                "pid": os.getpid()}
+                "threads": self.threads}
 
 
 def mean_pooled(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:

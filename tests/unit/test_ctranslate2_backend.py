@@ -82,6 +82,7 @@ def test_int8_is_the_cpu_default_batch_invariant_and_in_order(pair_case, make_ct
     ct2 = make_ct2(path)
     facts = ct2.describe()
     assert facts["compute_type"] == "int8" and facts["device"] == "cpu"
+    assert "/" not in repr(facts), facts  # the converted model's path is the log's, not /v1/models' (tenants')
     batch = ct2.translate(TEXTS, source, target)
     assert batch == [ct2.translate([t], source, target)[0] for t in TEXTS]
     assert ct2.translate(list(reversed(TEXTS)), source, target) == list(reversed(batch))

