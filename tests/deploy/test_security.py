@@ -250,7 +250,8 @@ RAY_PEER = {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "serve-app
 INGRESS_NS = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress-nginx"}}}
 MONITORING_NS = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
 OWN_NAMESPACE = {"podSelector": {}}
-OPERATOR = {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "kuberay-operator"}}}
+OPERATOR = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kuberay-system"}},
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "kuberay-operator"}}}
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
