@@ -2,9 +2,10 @@
 
 Keys come from the environment (`SERVE_APP_INGRESS_API_KEYS`, comma-separated) or from a file
 (`SERVE_APP_INGRESS_API_KEYS_FILE`: a mounted Kubernetes Secret), never from the Serve config's
-`args:` (the dashboard and `serve config` print those): `reject_keys_in_args` and config_check
-refuse them there. The file is read again when it changes (a Secret volume swaps it in place on
-rotation), so a new key works and a removed one stops working without a redeploy.
+`args:` or a runtime_env (the dashboard and `serve config` print those): `reject_secrets_in_args` and
+config_check refuse them there, and the Redis password with them. The file is read again when it
+changes (a Secret volume swaps it in place on rotation), so a new key works and a removed one stops
+working without a redeploy.
 
 Fail closed (`startup_check`, run by the builder and by every Ingress replica): a service that
 listens on anything but a loopback address refuses to start without a key, unless
@@ -253,14 +254,28 @@ def serve_http_host() -> Optional[str]:
         raise AuthConfigError(f"Refusing to start: could not ask Serve which host it listens on ({exc!r})")
 
 
-def reject_keys_in_args(args: Optional[Mapping[str, Any]]) -> None:
-    """API keys in the Serve config's `args:` are refused: `serve config`, the dashboard and the
-    RayService object show args to whoever can read them."""
+def reject_secrets_in_args(args: Optional[Mapping[str, Any]]) -> None:
+    """API keys and the Redis password in the Serve config's `args:` are refused (nested or dotted):
+    `serve config`, the dashboard and the RayService object show args to whoever can read them."""
     args = args or {}
-    ingress = args.get("ingress")
-    if "ingress.api_keys" in args or (isinstance(ingress, Mapping) and "api_keys" in ingress):
-        raise AuthConfigError(KEYS_IN_ARGS)
+    for (section, field), where_instead in SECRETS.items():
+        nested = args.get(section)
+        if f"{section}.{field}" in args or (isinstance(nested, Mapping) and field in nested):
+            raise AuthConfigError(f"args.{section}.{field}: {_NOT_IN_CONFIG}; set {where_instead}")
 
 
-KEYS_IN_ARGS = ("args.ingress.api_keys: API keys must not be in the Serve config (the dashboard and `serve config` "
-                "print it); set SERVE_APP_INGRESS_API_KEYS_FILE (a mounted Secret) or SERVE_APP_INGRESS_API_KEYS")
+def reject_secrets_in_env_vars(env_vars: Any, where: str) -> list[str]:
+    """The same secrets set in a runtime_env's `env_vars` (printed with the rest of the config)."""
+    names = {f"SERVE_APP_{section.upper()}_{field.upper()}" for section, field in SECRETS}
+    found = sorted(names & set(env_vars)) if isinstance(env_vars, Mapping) else []
+    return [f"{where}.env_vars.{name}: {_NOT_IN_CONFIG}; set it in the process environment or use "
+            f"{name}_FILE (a mounted Secret)" for name in found]
+
+
+_NOT_IN_CONFIG = "secrets must not be in the Serve config (the dashboard and `serve config` print it)"
+
+#: secret settings -> where they go instead
+SECRETS = {
+    ("ingress", "api_keys"): "SERVE_APP_INGRESS_API_KEYS_FILE (a mounted Secret) or SERVE_APP_INGRESS_API_KEYS",
+    ("jobs", "redis_password"): "SERVE_APP_JOBS_REDIS_PASSWORD_FILE (a mounted Secret) or SERVE_APP_JOBS_REDIS_PASSWORD",
+}

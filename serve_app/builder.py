@@ -18,14 +18,14 @@ from deployments.embedder import Embedder
 from deployments.model_module import deployment_name
 from deployments.translator import Translator
 
-from .auth import reject_keys_in_args, serve_http_host, startup_check
+from .auth import reject_secrets_in_args, serve_http_host, startup_check
 from .ingress import Ingress
 from .jobs.manager import JobManager
 from .settings import AppSettings, load_settings
 
 
 def build_app(args: Optional[dict[str, Any]] = None) -> Application:
-    reject_keys_in_args(args)
+    reject_secrets_in_args(args)
     settings: AppSettings = load_settings(args)
     # Fail closed: no keys on a non-loopback host, or an unsafe key, stops the app here, with the
     # reason in `serve status` (every Ingress replica checks again: serve_app/auth.py).

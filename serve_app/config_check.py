@@ -64,7 +64,7 @@ def check_config(config: dict[str, Any]) -> list[str]:
 
     from deployments.batch_config import parse_batch_config
 
-    from .auth import reject_keys_in_args
+    from .auth import reject_secrets_in_args, reject_secrets_in_env_vars
     from deployments.model_module import deployment_name
     from .settings import load_settings
 
@@ -85,10 +85,12 @@ def check_config(config: dict[str, Any]) -> list[str]:
         name = app.get("name", "?")
         where = f"applications[{name}]"
         problems += _unknown(app, ServeApplicationSchema.model_fields, where)
+        if isinstance(app.get("runtime_env"), dict):
+            problems += reject_secrets_in_env_vars(app["runtime_env"].get("env_vars"), f"{where}.runtime_env")
         settings = None
         if app.get("import_path") == BUILDER and isinstance(app.get("args") or {}, dict):  # (else Serve's said)
             try:
-                reject_keys_in_args(app.get("args"))
+                reject_secrets_in_args(app.get("args"))
             except ValueError as exc:
                 problems.append(f"{where}.{exc}")
             try:
@@ -126,6 +128,9 @@ def check_config(config: dict[str, Any]) -> list[str]:
             if isinstance(dep.get("ray_actor_options"), dict):
                 problems += _unknown(dep["ray_actor_options"], RayActorOptionsSchema.model_fields,
                                      f"{dwhere}.ray_actor_options")
+                if isinstance(dep["ray_actor_options"].get("runtime_env"), dict):
+                    problems += reject_secrets_in_env_vars(dep["ray_actor_options"]["runtime_env"].get("env_vars"),
+                                                           f"{dwhere}.ray_actor_options.runtime_env")
             if dname in model_names and "user_config" in dep:
                 try:
                     batch = parse_batch_config(dep["user_config"], dname)

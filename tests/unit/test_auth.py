@@ -84,10 +84,11 @@ def test_auth_off_only_by_its_named_setting(monkeypatch, caplog):
 def test_builder_refuses_keys_in_args_and_unsafe_keys(monkeypatch):
     from serve_app.builder import build_app
 
-    for args in ({"ingress": {"api_keys": KEY_A}}, {"ingress.api_keys": KEY_A}):
+    for args in ({"ingress": {"api_keys": KEY_A}}, {"ingress.api_keys": KEY_A},
+                 {"jobs": {"redis_password": KEY_A}}, {"jobs.redis_password": KEY_A}):
         with pytest.raises(AuthConfigError, match="must not be in the Serve config") as err:
             build_app(args)
-        assert KEY_A not in str(err.value)
+        assert KEY_A not in str(err.value) and next(iter(args)).split(".")[0] in str(err.value)
     monkeypatch.setenv("SERVE_APP_INGRESS_API_KEYS", "short")
     with pytest.raises(AuthConfigError, match="5 characters long"):
         build_app({})
@@ -271,3 +272,20 @@ def test_exceptions_are_described_without_their_messages():
         assert secret not in text and "message withheld" in text
         assert text.split()[0] in ("ValueError", "KeyError", "TypeError")
         assert "test_auth.py" in text  # where it was raised
+
+
+def test_config_check_rejects_secrets_in_args_and_in_runtime_env_vars():
+    """The Redis password was silently dropped from args (the JobManager connected without it), and either secret
+    in a runtime_env's env_vars was printed by `serve config` with the rest: both are refused, neither quoted."""
+    app = {"name": "serve-app", "route_prefix": "/", "import_path": "serve_app.builder:build_app",
+           "args": {"jobs": {"redis_password": KEY_A}},
+           "runtime_env": {"env_vars": {"SERVE_APP_INGRESS_API_KEYS": KEY_A, "OMP_NUM_THREADS": "1"}},
+           "deployments": [{"name": "Ingress", "ray_actor_options": {
+               "runtime_env": {"env_vars": {"SERVE_APP_JOBS_REDIS_PASSWORD": KEY_B}}}}]}
+    problems = check_config({"applications": [app]})
+    assert [p.split(":")[0] for p in problems if "must not be in the Serve config" in p] == [
+        "applications[serve-app].runtime_env.env_vars.SERVE_APP_INGRESS_API_KEYS",
+        "applications[serve-app].args.jobs.redis_password",
+        "applications[serve-app].deployments[Ingress].ray_actor_options.runtime_env.env_vars."
+        "SERVE_APP_JOBS_REDIS_PASSWORD"], problems
+    assert not any(KEY_A in p or KEY_B in p for p in problems)
