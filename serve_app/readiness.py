@@ -28,13 +28,25 @@ class Readiness:
         self.timeout_s = timeout_s
         self._reported_failures: set[tuple] = set()
         self._probing: Optional[asyncio.Future] = None
+        #: (time.monotonic() when it was known, the states) of the last probe that completed
+        self._last: Optional[tuple[float, dict[str, str]]] = None
 
     async def states(self, clients: list[ModelClient]) -> dict[str, str]:
-        """Each model deployment's state: `ready`, or why not. Callers at the same time share one probe:
-        /readyz needs no key, and a flood of it costs one call per deployment at a time, not one per request."""
+        """Each model deployment's state: `ready`, or why not. /readyz needs no key, so a flood of it must
+        cost neither calls nor connections: a caller that finds no probe running starts one and waits for it;
+        callers while one runs share it, and get the last probe's answer at once if it is at most one probe's
+        longest time old. Else a probe of busy models (up to 2 x timeout_s) held each caller's connection,
+        and keyless callers could fill every slot HAProxy gives an Ingress replica (serve_app/proxy_shedding.py)."""
         if self._probing is None or self._probing.done():
             self._probing = asyncio.ensure_future(self._states(clients))
-        return await asyncio.shield(self._probing)
+            self._probing.add_done_callback(self._keep)
+        elif self._last is not None and time.monotonic() - self._last[0] <= 2 * self.timeout_s + 1.0:
+            return dict(self._last[1])
+        return dict(await asyncio.shield(self._probing))
+
+    def _keep(self, probe: asyncio.Future) -> None:
+        if not probe.cancelled() and probe.exception() is None:
+            self._last = (time.monotonic(), probe.result())
 
     async def _states(self, clients: list[ModelClient]) -> dict[str, str]:
         """Each model deployment's state, probed.

@@ -82,3 +82,42 @@ def test_a_deployment_serving_but_saturated_is_ready_busy_and_one_still_starting
         "unavailable: Translator is at capacity"
     failed = asyncio.run(state(BusyClient("DEPLOY_FAILED", "Failed to start. ModelLoadError: no weights")))
     assert failed.startswith("failed: DEPLOY_FAILED") and public_state(failed) == "failed"
+
+
+class GatedClient(CountingClient):
+    """A busy deployment: its `ready` call returns once `gate` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+
+    async def call(self, method: str, *args, **kwargs) -> dict:
+        self.calls += 1
+        await self.gate.wait()
+        return {}
+
+
+def test_callers_while_a_probe_runs_get_the_last_answer_at_once_if_it_is_recent():
+    """A keyless flood of /readyz held a connection per caller for the whole probe (seconds while models are
+    busy), enough to fill the slots HAProxy gives an Ingress replica ahead of every tenant's requests."""
+    async def scenario():
+        readiness, client = Readiness(timeout_s=2.0), GatedClient()
+        client.gate.set()
+        assert await readiness.states([client]) == {"Embedder": "ready"} and client.calls == 1
+        client.gate.clear()
+        probe = asyncio.ensure_future(readiness.states([client]))  # a new probe, held until the gate opens
+        await asyncio.sleep(0.01)
+        flood = await asyncio.wait_for(asyncio.gather(*(readiness.states([client]) for _ in range(50))), 1.0)
+        assert flood == [{"Embedder": "ready"}] * 50 and client.calls == 2 and not probe.done()
+        client.gate.set()
+        assert await probe == {"Embedder": "ready"}
+        # an answer older than a probe's longest time is not given: callers wait for the probe
+        readiness._last = (time.monotonic() - 10, {"Embedder": "loading (no replica answered in time)"})
+        client.gate.clear()
+        waiting = [asyncio.ensure_future(readiness.states([client])) for _ in range(3)]
+        await asyncio.sleep(0.05)
+        assert not any(w.done() for w in waiting) and client.calls == 3
+        client.gate.set()
+        assert await asyncio.gather(*waiting) == [{"Embedder": "ready"}] * 3
+
+    asyncio.run(scenario())
