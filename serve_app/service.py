@@ -63,6 +63,7 @@ class Service:
         #: the response cache (None: off); per ingress replica, see serve_app/cache.py
         self.cache = cache
         self._info: dict[str, tuple[float, dict]] = {}
+        self._info_calls: dict[str, asyncio.Future] = {}  # model_info's calls in flight, by deployment
         self._readiness = Readiness(settings.ingress.readiness_timeout_s)
         #: custom models (`models:`) by name: their deployment's client and module (schemas only)
         self.custom_models = custom_models(settings, models or {})
@@ -89,9 +90,17 @@ class Service:
         return self.settings.ingress
 
     async def model_info(self, client: ModelClient, *, fresh: bool = False) -> dict:
+        """A model's `info` (cached MODEL_INFO_TTL_S unless `fresh`). Callers at the same time share one
+        call: /v1/models asks every model fresh, and a flood of it must not fill the models' queues."""
         cached = self._info.get(client.name)
         if cached and not fresh and time.monotonic() - cached[0] < MODEL_INFO_TTL_S:
             return cached[1]
+        call = self._info_calls.get(client.name)
+        if call is None or call.done():
+            call = self._info_calls[client.name] = asyncio.ensure_future(self._fetch_info(client))
+        return await asyncio.shield(call)
+
+    async def _fetch_info(self, client: ModelClient) -> dict:
         info = await client.call("info")
         self._info[client.name] = (time.monotonic(), info)
         return info

@@ -263,3 +263,37 @@ def test_admission_control_sheds_with_503_json_and_admitted_requests_finish(clie
             assert r.headers["Retry-After"] == "4"
     # health routes are never shed
     assert client.get("/healthz").status_code == 200
+
+
+def test_concurrent_model_lists_share_one_info_call_per_model():
+    """/v1/models asks every model for a fresh `info`: a flood of it (any key holder's, and it is not admission's
+    model work) sent one call per request and model into the models' queues, ahead of other tenants' work."""
+    import asyncio
+
+    from serve_app.service import Service
+    from serve_app.settings import load_settings
+
+    class GatedEmbedder(FakeEmbedder):
+        def __init__(self):
+            super().__init__()
+            self.info_calls, self.gate = 0, asyncio.Event()
+
+        async def call(self, method, *args, **kwargs):
+            if method == "info":
+                self.info_calls += 1
+                await self.gate.wait()
+            return await super().call(method, *args, **kwargs)
+
+    async def scenario():
+        embedder = GatedEmbedder()
+        service = Service(load_settings({}), translator=FakeTranslator(), embedder=embedder)
+        flood = [asyncio.ensure_future(service.models()) for _ in range(20)]
+        await asyncio.sleep(0.05)
+        assert embedder.info_calls == 1 and not any(f.done() for f in flood)
+        embedder.gate.set()
+        cards = await asyncio.gather(*flood)
+        assert all(c == cards[0] for c in cards) and cards[0][1]["dimensions"] == 4
+        await service.models()  # a later list asks again
+        assert embedder.info_calls == 2
+
+    asyncio.run(scenario())
