@@ -8,7 +8,6 @@ import base64
 import contextlib
 import logging
 import sys
-import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Hashable, Optional, TypeVar
 
@@ -22,6 +21,7 @@ from .coalescing import CallCoalescer
 from .custom_models import CustomModel, custom_models
 from .errors import ModelNotFound, NotFound, PayloadTooLarge, RequestTimeout, UnsupportedModel
 from .model_clients import ModelClient
+from .model_info import ModelInfo
 from .readiness import Readiness
 from .schemas import (
     Embedding, EmbeddingsRequest, EmbeddingsResponse, EmbeddingsUsage, PredictResponse, TranslatedRecord,
@@ -31,10 +31,6 @@ from .settings import AppSettings
 
 logger = logging.getLogger("serve_app")
 T = TypeVar("T")
-
-#: how long the ingress trusts its copy of a model's supported pairs
-MODEL_INFO_TTL_S = 30.0
-
 
 @dataclass(frozen=True)
 class Computed:
@@ -62,8 +58,7 @@ class Service:
         self.jobs = jobs
         #: the response cache (None: off); per ingress replica, see serve_app/cache.py
         self.cache = cache
-        self._info: dict[str, tuple[float, dict]] = {}
-        self._info_calls: dict[str, asyncio.Future] = {}  # model_info's calls in flight, by deployment
+        self._info = ModelInfo()  # (serve_app/model_info.py)
         self._readiness = Readiness(settings.ingress.readiness_timeout_s)
         #: custom models (`models:`) by name: their deployment's client and module (schemas only)
         self.custom_models = custom_models(settings, models or {})
@@ -90,20 +85,7 @@ class Service:
         return self.settings.ingress
 
     async def model_info(self, client: ModelClient, *, fresh: bool = False) -> dict:
-        """A model's `info` (cached MODEL_INFO_TTL_S unless `fresh`). Callers at the same time share one
-        call: /v1/models asks every model fresh, and a flood of it must not fill the models' queues."""
-        cached = self._info.get(client.name)
-        if cached and not fresh and time.monotonic() - cached[0] < MODEL_INFO_TTL_S:
-            return cached[1]
-        call = self._info_calls.get(client.name)
-        if call is None or call.done():
-            call = self._info_calls[client.name] = asyncio.ensure_future(self._fetch_info(client))
-        return await asyncio.shield(call)
-
-    async def _fetch_info(self, client: ModelClient) -> dict:
-        info = await client.call("info")
-        self._info[client.name] = (time.monotonic(), info)
-        return info
+        return await self._info.get(client, fresh=fresh)
 
     def deadline_s(self, requested_s: Optional[float] = None) -> float:
         """The request's deadline: the client's (X-Request-Timeout-Ms) capped by `model_timeout_s`."""
