@@ -19,6 +19,7 @@ the bad key quoted, instead of being ignored.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -33,6 +34,7 @@ from deployments.settings import (
 from .jobs.settings import JobSettings
 
 DEFAULT_PORT = 9527
+_ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s?#,]+", re.IGNORECASE)
 
 
 #: HTTP requests one ingress replica handles at once (its Serve default; a config may set its own, above
@@ -173,8 +175,15 @@ class IngressSettings(Section):
     @classmethod
     def _split_origins(cls, value):
         if isinstance(value, str):
-            return [o.strip() for o in value.split(",") if o.strip()]
-        return value
+            value = value.split(",")
+        if not isinstance(value, list):
+            return value  # (pydantic says what it must be)
+        origins = [o.strip() if isinstance(o, str) else o for o in value]
+        for origin in origins:  # a browser's Origin is exactly scheme://host[:port]: anything else never matches
+            if isinstance(origin, str) and origin and origin != "*" and not _ORIGIN.fullmatch(origin):
+                raise ValueError(f"{origin!r} is not an origin: scheme://host[:port] (no path, no trailing "
+                                 "slash), or `*`; several: comma-separated or a list")
+        return [o for o in origins if o != ""]
 
     def api_key_list(self) -> list[str]:
         """The configured API keys (empty: authentication off)."""
@@ -255,6 +264,9 @@ class AppSettings(BaseModel):
         section = cls.model_fields[info.field_name].annotation
         if isinstance(value, section):
             return value
+        if value is not None and not isinstance(value, dict):  # `jobs: false` read as {}: jobs on, defaults
+            raise ValueError(f"must be a mapping of the section's settings (such as `{info.field_name}: "
+                             f"{{enabled: false}}`), not {value!r}")
         return section(**(value or {}))
 
 
@@ -277,23 +289,7 @@ def load_settings(args: dict | None) -> AppSettings:
     return AppSettings.model_validate(nested)
 
 
-def settings_table() -> str:
-    """The settings table of docs/configuration.md, generated from the fields above."""
-    rows = ["| setting (`args:` key) | env var | default | what it does, how to tune it |",
-            "|---|---|---|---|"]
-    for section, cls in (("ingress", IngressSettings), ("translation", TranslationSettings),
-                         ("embeddings", EmbeddingSettings), ("cache", CacheSettings),
-                         ("jobs", JobSettings), ("models[]", CustomModelSpec)):
-        prefix = cls.model_config.get("env_prefix", "")
-        for name, field in cls.model_fields.items():
-            default = field.default_factory() if field.default_factory is not None else field.default
-            shown = ("(required)" if field.is_required() else
-                     "(none)" if default in (None, [], {}) else f"`{default}`")
-            env = f"`{prefix}{name.upper()}`" if prefix else "(`args:` only)"
-            description = (field.description or "").replace("|", "\\|")
-            rows.append(f"| `{section}.{name}` | {env} | {shown} | {description} |")
-    return "\n".join(rows)
-
-
 if __name__ == "__main__":  # python -m serve_app.settings  -> the table in docs/configuration.md
+    from serve_app.settings_doc import settings_table
+
     print(settings_table())

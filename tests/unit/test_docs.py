@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from serve_app.settings import settings_table
+from serve_app.settings_doc import settings_table
 
 ROOT = Path(__file__).resolve().parents[2]
 

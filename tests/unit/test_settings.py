@@ -1,3 +1,5 @@
+import re
+
 import pytest
 from pydantic import ValidationError
 
@@ -54,3 +56,24 @@ def test_a_deployments_batch_wait_must_be_finite():
 
     with pytest.raises(ValidationError, match="batch_wait_timeout_s"):
         BatchConfig(max_batch_size=8, batch_wait_timeout_s=float("inf"))
+
+
+@pytest.mark.parametrize("value", [False, 0, "", True, "off", []])
+def test_a_section_that_is_not_a_mapping_is_refused_quoting_it(value):
+    """`jobs: false` (YAML for "off") was read as {}: jobs on with every default, the opposite of what was asked;
+    `cache: true` or `cache=off` raised a bare TypeError."""
+    for section in ("cache", "jobs", "ingress", "translation", "embeddings"):
+        with pytest.raises(ValidationError, match=rf"{section}\n.*must be a mapping.*not {re.escape(repr(value))}"):
+            load_settings({section: value})
+    assert load_settings({"jobs": None}).jobs.enabled  # (an empty section in YAML: the defaults)
+
+
+def test_cors_origins_must_be_origins_a_browser_can_send(monkeypatch):
+    """A browser's Origin is exactly scheme://host[:port]: a JSON list in the variable, a trailing slash or a path
+    was kept as an origin that never matched, so CORS silently never worked."""
+    for bad in ('["https://a.example"]', "https://a.example/", "https://a.example/app", "a.example"):
+        with pytest.raises(ValidationError, match=re.escape(repr(bad)) + " is not an origin"):
+            load_settings({"ingress": {"cors_origins": bad}})
+    monkeypatch.setenv("SERVE_APP_INGRESS_CORS_ORIGINS", " https://a.example , http://b.example:8080,")
+    assert load_settings({}).ingress.cors_origins == ["https://a.example", "http://b.example:8080"]
+    assert load_settings({"ingress": {"cors_origins": ["*"]}}).ingress.cors_origins == ["*"]
