@@ -25,6 +25,11 @@ DEPLOYMENT_NAMES = ("Ingress", JOB_DEPLOYMENT) + MODEL_DEPLOYMENTS
 BUILDER = "serve_app.builder:build_app"
 
 
+def is_builder(import_path: Any) -> bool:
+    """Whether an application is serve-app's, in either of the forms Ray accepts (`module:attr`, `module.attr`)."""
+    return isinstance(import_path, str) and import_path.replace(":", ".") == BUILDER.replace(":", ".")
+
+
 class ConfigError(ValueError):
     def __init__(self, problems: list[str]):
         super().__init__("\n".join(problems))
@@ -43,7 +48,7 @@ def _ingress_holds(app: dict, settings, where: str) -> list[str]:
     the ingress cannot shed them."""
     from .settings import INGRESS_MAX_ONGOING_REQUESTS
 
-    entry = next((d for d in app.get("deployments") or [] if d.get("name") == "Ingress"), {})
+    entry = next((d for d in _entries(app) if d.get("name") == "Ingress"), {})
     ongoing = entry.get("max_ongoing_requests", INGRESS_MAX_ONGOING_REQUESTS)
     ingress = settings.ingress
     if not isinstance(ongoing, int) or ongoing > ingress.max_inflight_requests + ingress.max_waiting_requests:
@@ -54,6 +59,12 @@ def _ingress_holds(app: dict, settings, where: str) -> list[str]:
             f"{ingress.max_waiting_requests}, or requests queue inside Serve where the ingress cannot shed them"]
 
 
+def _entries(app: dict) -> list[dict]:
+    """An application's deployment entries that are mappings (Serve's schema says what the others must be)."""
+    deployments = app.get("deployments")
+    return [d for d in deployments if isinstance(d, dict)] if isinstance(deployments, list) else []
+
+
 def check_config(config: dict[str, Any]) -> list[str]:
     """Every problem found in a Serve config (empty when it is valid)."""
     from ray.serve.config import AutoscalingConfig
@@ -62,7 +73,7 @@ def check_config(config: dict[str, Any]) -> list[str]:
         ServeDeploySchema,
     )
 
-    from deployments.batch_config import parse_batch_config
+    from deployments.batch_config import default_batch, parse_batch_config
 
     from .auth import reject_secrets_in_args, reject_secrets_in_env_vars
     from deployments.model_module import deployment_name
@@ -88,7 +99,7 @@ def check_config(config: dict[str, Any]) -> list[str]:
         if isinstance(app.get("runtime_env"), dict):
             problems += reject_secrets_in_env_vars(app["runtime_env"].get("env_vars"), f"{where}.runtime_env")
         settings = None
-        if app.get("import_path") == BUILDER and isinstance(app.get("args") or {}, dict):  # (else Serve's said)
+        if is_builder(app.get("import_path")) and isinstance(app.get("args") or {}, dict):  # (else Serve's said)
             try:
                 reject_secrets_in_args(app.get("args"))
             except ValueError as exc:
@@ -107,16 +118,16 @@ def check_config(config: dict[str, Any]) -> list[str]:
         if settings is not None:
             problems += _autoscaler_visibility(app, settings, model_names, where)
             problems += _ingress_holds(app, settings, where)
-        for dep in app.get("deployments") or []:
+        for dep in _entries(app):
             dname = dep.get("name", "?")
             dwhere = f"{where}.deployments[{dname}]"
             problems += _unknown(dep, DeploymentSchema.model_fields, dwhere)
-            if app.get("import_path") == BUILDER and dname in placed:
+            if is_builder(app.get("import_path")) and dname in placed:
                 problems.append(
                     f"{dwhere}: args.{placed[dname]}.placement is 'ingress', so the app has no {dname} deployment "
                     f"(Serve would refuse the config): remove this entry; its batch knobs go in the Ingress's "
                     f"user_config under {dname!r}, its CPUs in the Ingress's ray_actor_options")
-            elif app.get("import_path") == BUILDER and dname not in names:
+            elif is_builder(app.get("import_path")) and dname not in names:
                 problems.append(f"{dwhere}: no deployment named {dname!r} (deployments: {', '.join(names)})")
             if dname == "Ingress" and settings is not None and "user_config" in dep:
                 problems += _placed_batch_configs(dep["user_config"], placed, dwhere)
@@ -140,12 +151,16 @@ def check_config(config: dict[str, Any]) -> list[str]:
                 if dname == "Translator" and settings is not None:
                     problems += _continuous_ignores(batch, settings.translation, dwhere)
                 problems += _custom_ignores(batch, dname, f"{dwhere}.user_config")
-                ongoing = dep.get("max_ongoing_requests")
-                if isinstance(ongoing, int) and ongoing < batch.max_batch_size:
-                    problems.append(
-                        f"{dwhere}: max_ongoing_requests={ongoing} is below max_batch_size="
-                        f"{batch.max_batch_size}; a full batch of single-record calls could never form"
-                    )
+            elif dname in model_names:  # Serve keeps the deployment's own user_config: the code's preset
+                batch = default_batch(dname)
+            else:
+                continue
+            ongoing = dep.get("max_ongoing_requests")
+            if isinstance(ongoing, int) and ongoing < batch.max_batch_size:
+                problems.append(
+                    f"{dwhere}: max_ongoing_requests={ongoing} is below max_batch_size={batch.max_batch_size}"
+                    f"{'' if 'user_config' in dep else ' (its default user_config)'}; a full batch of "
+                    "single-record calls could never form")
     return problems
 
 

@@ -50,6 +50,10 @@ def _deployment(config, name):
     (lambda c: c.__setitem__("applications", ["serve-app"]), "applications.0"),
     (lambda c: c.__setitem__("applications", "serve-app"), "applications"),
     (lambda c: c["applications"][0].__setitem__("args", [1]), "applications.0.args"),
+    (lambda c: c["applications"][0]["deployments"].append("Ingress"), "Serve rejects the config"),
+    # Serve keeps the deployment's own user_config when its entry sets none: Translator's batches of 32
+    (lambda c: (_deployment(c, "Translator").pop("user_config"), _deployment(c, "Translator").__setitem__(
+        "max_ongoing_requests", 4)), "max_ongoing_requests=4 is below max_batch_size=32 (its default user_config)"),
 ])
 def test_typos_and_bad_values_are_reported(config, mutate, expected):
     bad = copy.deepcopy(config)
@@ -70,3 +74,14 @@ def test_more_ingress_replicas_allow_more_calls_in_flight(config):
     ok["applications"][0]["args"]["ingress"]["max_inflight_calls_per_model"] = 12
     _deployment(ok, "Ingress")["num_replicas"] = 2  # 2 x 12 = 24 >= 2 Translators x 8
     assert check_config(ok) == []
+
+
+def test_serve_app_in_ray_s_dot_form_of_the_import_path_gets_every_check(config):
+    """Ray takes `serve_app.builder.build_app` as well as the colon form; in it every check of serve-app's own
+    (args, deployment names, the Ingress's bound) was skipped and the config passed."""
+    bad = copy.deepcopy(config)
+    bad["applications"][0]["args"]["ingress"]["max_wait_s"] = -1
+    _deployment(bad, "Translator")["name"] = "Translater"
+    colon = check_config(bad)
+    bad["applications"][0]["import_path"] = "serve_app.builder.build_app"
+    assert len(colon) >= 2 and check_config(bad) == colon
