@@ -147,7 +147,7 @@ def create_app() -> FastAPI:
         body: TranslationRequest, request: Request, response: Response,
         timeout_ms: Optional[int] = Header(None, alias=TIMEOUT_HEADER, ge=1, le=3_600_000,
                                            description=_TIMEOUT_DESCRIPTION),
-        cache_control: Optional[str] = Header(None, description=_CACHE_CONTROL_DESCRIPTION),
+        cache_control: Optional[list[str]] = Header(None, description=_CACHE_CONTROL_DESCRIPTION),
         service: Service = Depends(get_service),
     ):
         """Translate records from `fromLang` to `toLang`; answers keep the records' order and ids."""
@@ -165,7 +165,7 @@ def create_app() -> FastAPI:
         body: EmbeddingsRequest, request: Request, response: Response,
         timeout_ms: Optional[int] = Header(None, alias=TIMEOUT_HEADER, ge=1, le=3_600_000,
                                            description=_TIMEOUT_DESCRIPTION),
-        cache_control: Optional[str] = Header(None, description=_CACHE_CONTROL_DESCRIPTION),
+        cache_control: Optional[list[str]] = Header(None, description=_CACHE_CONTROL_DESCRIPTION),
         service: Service = Depends(get_service),
     ):
         """OpenAI-compatible embeddings: unit-length mean-pooled MiniLM vectors."""

@@ -30,7 +30,7 @@ import sys
 import time
 from collections import Counter
 from collections import OrderedDict
-from typing import Any, Callable, Hashable, Iterable, Optional, Protocol, Sequence
+from typing import Any, Callable, Hashable, Iterable, Optional, Protocol, Sequence, Union
 
 import numpy as np
 
@@ -63,10 +63,11 @@ def estimate_bytes(obj: Any) -> int:
     return sys.getsizeof(obj)
 
 
-def cache_directives(cache_control: Optional[str]) -> tuple[bool, bool]:
-    """(read, write) for a request's `Cache-Control` header: `no-cache` computes the answer
-    even when one is cached (and stores the fresh one); `no-store` does not store it."""
-    directives = {d.strip().split("=", 1)[0].lower() for d in (cache_control or "").split(",")}
+def cache_directives(cache_control: Union[str, Sequence[str], None]) -> tuple[bool, bool]:
+    """(read, write) for a request's `Cache-Control` header lines (HTTP joins several with commas): `no-cache`
+    computes the answer even when one is cached (and stores the fresh one); `no-store` does not store it."""
+    lines = [cache_control] if isinstance(cache_control, str) else cache_control or []
+    directives = {d.strip().split("=", 1)[0].lower() for line in lines for d in line.split(",")}
     return "no-cache" not in directives, "no-store" not in directives
 
 

@@ -28,6 +28,10 @@ class ModelInfo:
             call = self._calls[client.name] = asyncio.ensure_future(self._fetch(client))
         return await asyncio.shield(call)
 
+    def clear(self) -> None:
+        """Forget what is known: the next request asks each model again."""
+        self._known.clear()
+
     async def _fetch(self, client: ModelClient) -> dict:
         info = await client.call("info")
         self._known[client.name] = (time.monotonic(), info)

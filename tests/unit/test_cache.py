@@ -178,7 +178,8 @@ def test_lookup_counts_hits_and_misses_per_task_and_reports_evictions_and_size()
 
 @pytest.mark.parametrize("header, read, write", [
     (None, True, True), ("", True, True), ("max-age=0", True, True), ("no-cache", False, True),
-    ("No-Store", True, False), ("no-cache, no-store", False, False), ("private,no-cache=x", False, True)])
+    ("No-Store", True, False), ("no-cache, no-store", False, False), ("private,no-cache=x", False, True),
+    (["max-age=0", "no-store"], True, False), (["no-cache", ""], False, True)])
 def test_cache_control_directives(header, read, write):
     assert cache_directives(header) == (read, write)
 
@@ -274,6 +275,11 @@ def test_cache_control_no_cache_recomputes_and_no_store_leaves_nothing(client):
     assert fresh.headers["X-Cache"] == "miss" and sent(translator) == ["a", "a"]
     client.post("/translation", json=body(["b"]), headers={"Cache-Control": "no-store"})
     assert client.post("/translation", json=body(["b"])).headers["X-Cache"] == "miss"
+    # a second Cache-Control line counts (HTTP joins them; only the first was read, and `c` was stored)
+    client.post("/translation", json=body(["c"]), headers=[("Cache-Control", "max-age=0"), ("Cache-Control", "no-store")])
+    assert client.post("/translation", json=body(["c"])).headers["X-Cache"] == "miss"
+    client.post("/v1/embeddings", json={"input": "c"}, headers=[("Cache-Control", "max-age=0"), ("Cache-Control", "no-store")])
+    assert client.post("/v1/embeddings", json={"input": "c"}).headers["X-Cache"] == "miss"
 
 
 def test_a_failed_or_timed_out_request_stores_nothing(client):
