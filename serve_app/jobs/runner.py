@@ -52,7 +52,7 @@ class JobRunner:
         self.limits = StoreLimits.of(settings)
         self._clock = clock
         self._tasks: dict[str, asyncio.Task] = {}
-        self._running = FairSlots(settings.jobs.max_running_jobs)
+        self._running = FairSlots(settings.jobs.max_running_jobs, settings.jobs.max_share_per_key)
         self._adoption = Adoption(self.store, time.monotonic)
         self._job_settings = job_settings(settings)
         models = {name: c for name, c in clients.items() if name not in ("translation", "embeddings")}

@@ -101,7 +101,9 @@ class JobSettings(Section):
         0.5, gt=0.0, le=1.0,
         description="The most of each store bound (max_unfinished_jobs, the jobs kept, max_total_result_bytes) "
         "one API key's jobs may take, so that one tenant cannot fill the store for the others: past it that "
-        "key's `POST /jobs` is 503 `job_store_full` + Retry-After. 1.0: no bound per key. Without API keys "
+        "key's `POST /jobs` is 503 `job_store_full` + Retry-After. Also the most of max_running_jobs one key's "
+        "jobs run at once (at least one; the rest wait `queued`), so another key's job starts without waiting "
+        "for them to end. 1.0: no bound per key. Without API keys "
         "every request is one owner, which this does not bound. One job of max_job_result_bytes always fits.",
     )
     chunk_records: int = Field(

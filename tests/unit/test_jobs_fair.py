@@ -91,3 +91,34 @@ def test_another_key_s_job_runs_at_the_next_free_slot_not_after_the_first_key_s_
 
     texts = asyncio.run(scenario())
     assert texts.index("b0") <= 1, texts  # the first slot's job, then b0: not after a1, a2 and a3
+
+
+def test_one_key_holds_at_most_its_share_of_the_slots_and_another_key_starts_at_once():
+    """A job holds its slot until it ends (up to jobs.job_timeout_s): one key's two jobs held both default slots and
+    another key's job waited for one of them to end. Without API keys (one owner) every slot is used."""
+    async def hold(slots, owner, started, release):
+        async with slots.slot(owner):
+            started.append(owner)
+            await release.wait()
+
+    async def scenario():
+        slots, started, release = FairSlots(2, share=0.5), [], asyncio.Event()
+        tasks = [asyncio.ensure_future(hold(slots, "k-a", started, release)) for _ in range(3)]
+        await asyncio.sleep(0.01)
+        assert started == ["k-a"] and dict(slots.held) == {"k-a": 1}  # the second slot stays free
+        tasks.append(asyncio.ensure_future(hold(slots, "k-b", started, release)))
+        await asyncio.sleep(0.01)
+        assert started == ["k-a", "k-b"]
+        release.set()
+        await asyncio.gather(*tasks)
+        assert started == ["k-a", "k-b", "k-a", "k-a"] and not slots.held and not slots._waiting
+
+        anonymous, release = FairSlots(2, share=0.5), asyncio.Event()
+        started = []
+        tasks = [asyncio.ensure_future(hold(anonymous, "anonymous", started, release)) for _ in range(3)]
+        await asyncio.sleep(0.01)
+        assert started == ["anonymous", "anonymous"]
+        release.set()
+        await asyncio.gather(*tasks)
+
+    asyncio.run(scenario())
