@@ -50,6 +50,8 @@ def _set_computed_headers(response: Response, computed: Computed) -> None:
 
 #: request header: the client's deadline in milliseconds, capped by `ingress.model_timeout_s`
 TIMEOUT_HEADER = "X-Request-Timeout-Ms"
+#: the largest deadline the header takes (a year; any deadline past `model_timeout_s` is capped to it, not refused)
+MAX_TIMEOUT_MS = 365 * 24 * 3600 * 1000
 
 #: every request is counted and logged here (tests read its tallies)
 recorder = RequestRecorder()
@@ -145,7 +147,7 @@ def create_app() -> FastAPI:
     @app.post("/translation", response_model=TranslationResponse, responses=ERROR_RESPONSES)
     async def translation(
         body: TranslationRequest, request: Request, response: Response,
-        timeout_ms: Optional[int] = Header(None, alias=TIMEOUT_HEADER, ge=1, le=3_600_000,
+        timeout_ms: Optional[int] = Header(None, alias=TIMEOUT_HEADER, ge=1, le=MAX_TIMEOUT_MS,
                                            description=_TIMEOUT_DESCRIPTION),
         cache_control: Optional[list[str]] = Header(None, description=_CACHE_CONTROL_DESCRIPTION),
         service: Service = Depends(get_service),
@@ -163,7 +165,7 @@ def create_app() -> FastAPI:
               include_in_schema=False)
     async def embeddings(
         body: EmbeddingsRequest, request: Request, response: Response,
-        timeout_ms: Optional[int] = Header(None, alias=TIMEOUT_HEADER, ge=1, le=3_600_000,
+        timeout_ms: Optional[int] = Header(None, alias=TIMEOUT_HEADER, ge=1, le=MAX_TIMEOUT_MS,
                                            description=_TIMEOUT_DESCRIPTION),
         cache_control: Optional[list[str]] = Header(None, description=_CACHE_CONTROL_DESCRIPTION),
         service: Service = Depends(get_service),
@@ -179,7 +181,7 @@ def create_app() -> FastAPI:
     @app.post("/models/{name}/predict", response_model=PredictResponse, responses=PREDICT_ERROR_RESPONSES)
     async def predict(
         name: str, body: PredictRequest, request: Request, response: Response,
-        timeout_ms: Optional[int] = Header(None, alias=TIMEOUT_HEADER, ge=1, le=3_600_000,
+        timeout_ms: Optional[int] = Header(None, alias=TIMEOUT_HEADER, ge=1, le=MAX_TIMEOUT_MS,
                                            description=_TIMEOUT_DESCRIPTION),
         service: Service = Depends(get_service),
     ):
@@ -202,7 +204,7 @@ def create_app() -> FastAPI:
         (docs/jobs.md) and only the API key that submitted one can read or cancel it."""
         view = await service.submit_job(body.task, body.payload, request_id_of(request.scope),
                                         job_owner(request.scope), idempotency_key)
-        response.headers["Location"] = f"/jobs/{view['job_id']}"
+        response.headers["Location"] = f"{request.scope.get('root_path', '')}/jobs/{view['job_id']}"
         return view
 
     @app.get("/jobs/{job_id}", response_model=JobResponse, responses=JOB_RESPONSES)
@@ -226,11 +228,13 @@ def create_app() -> FastAPI:
         return await service.cancel_job(job_id, job_owner(request.scope))
 
     @app.get("/healthz", response_model=HealthResponse)
+    @app.head("/healthz", include_in_schema=False)  # (uptime checks that send HEAD)
     async def healthz():
         """The ingress process is alive (says nothing about the models)."""
         return HealthResponse(status="ok")
 
     @app.get("/readyz", response_model=HealthResponse, responses={503: ERROR_RESPONSES[503]})
+    @app.head("/readyz", include_in_schema=False)
     async def readyz(request: Request, service: Service = Depends(get_service)):
         """200 only when every model deployment has loaded and warmed up its model (also when its
         replicas are all busy: `ready (busy: ...)`); 503 with each model's state otherwise

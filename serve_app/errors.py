@@ -46,9 +46,12 @@ class ServeAppError(Exception):
         headers = {}
         if self.retry_after_s is not None:
             headers["Retry-After"] = str(int(self.retry_after_s))
+        # a message quoting the request (a field's name in a validation error) may hold a lone surrogate, which
+        # JSON in UTF-8 cannot carry: written as \udc00, not a 500
+        message = self.message.encode("utf-8", "backslashreplace").decode("utf-8")
         return JSONResponse(
             status_code=self.status_code,
-            content={"error": self.message, "error_type": self.error_type},
+            content={"error": message, "error_type": self.error_type},
             headers=headers,
         )
 
@@ -156,6 +159,11 @@ class InternalError(ServeAppError):
 def describe_validation_errors(errors: list[dict[str, Any]]) -> str:
     parts = []
     for err in errors[:5]:
+        if err.get("type") == "json_invalid":  # its loc is the character offset alone
+            position = err.get("loc", ("", ""))[-1]
+            parts.append(f"the body is not valid JSON ({(err.get('ctx') or {}).get('error', 'invalid')} at "
+                         f"character {position})")
+            continue
         loc = [str(p) for p in err.get("loc", ()) if p not in ("body",)]
         where = ".".join(loc) if loc else "body"
         parts.append(f"{where}: {err.get('msg', 'invalid')}")
@@ -170,7 +178,15 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return InvalidRequest(describe_validation_errors(list(exc.errors()))).to_response(request.scope)
+        errors = list(exc.errors())
+        media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if any(tuple(e.get("loc", ())) == ("body",) for e in errors) and not (
+                media_type == "application/json" or media_type.endswith("+json")):
+            # FastAPI reads a body as JSON only when it says so; its own message said the object was no object
+            return InvalidRequest(
+                f"Invalid request: the body must be JSON sent with Content-Type: application/json (got "
+                f"{media_type or 'no Content-Type'!r}).").to_response(request.scope)
+        return InvalidRequest(describe_validation_errors(errors)).to_response(request.scope)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -180,7 +196,9 @@ def install_error_handlers(app: FastAPI) -> None:
             # FastAPI's own 400 is a body it could not decode (e.g. invalid UTF-8).
             return InvalidRequest(f"Invalid request body: {exc.detail}").to_response(request.scope)
         if exc.status_code == 405:
-            return MethodNotAllowed("Method not allowed on this route.").to_response(request.scope)
+            response = MethodNotAllowed("Method not allowed on this route.").to_response(request.scope)
+            response.headers.update(exc.headers or {})  # Allow: the route's methods (RFC 9110)
+            return response
         err = ServeAppError(str(exc.detail))
         err.status_code = exc.status_code
         err.error_type = "http_error"

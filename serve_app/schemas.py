@@ -109,6 +109,17 @@ class EmbeddingsRequest(_Body):
     dimensions: Optional[StrictInt] = Field(
         None, ge=1, description="Optional; must equal the served model's dimensions (vectors are not shortened).")
 
+    @field_validator("input", mode="before")
+    @classmethod
+    def _no_token_arrays(cls, value):
+        """OpenAI also takes token ids (a list of ints, or of lists of ints): refused in words, not with an error
+        for each branch of the union."""
+        items = value if isinstance(value, list) else [value]
+        if any(isinstance(item, int) or (isinstance(item, list) and item and isinstance(item[0], int))
+               for item in items):
+            raise ValueError("token arrays are not supported: send the text itself (a string or a list of strings)")
+        return value
+
     @field_validator("input")
     @classmethod
     def _inputs_not_blank(cls, value: Union[str, list[str]]) -> Union[str, list[str]]:
