@@ -1,14 +1,12 @@
-"""The jobs' engine without Ray: validates submissions, keeps them in the job store, computes them
-in chunks (each stored as it completes) and reads them back, whole or a page at a time.
+"""The jobs' engine without Ray: validates submissions, keeps them in the job store, computes them in chunks (each
+stored as it completes) and reads them back, whole or a page at a time (a few pages at once: jobs/reads.py).
 
-The JobManager deployment (serve_app/jobs/manager.py) wraps one `JobRunner`; unit tests drive it
-with fake model clients and a real SQLite store. Only the holder of its cluster's lease computes that
-cluster's jobs: on start (and whenever it takes the lease over) it resumes every queued or running job after
-its last stored chunk, so a restart recomputes at most the chunks that were in flight. It adopts the jobs of
-a cluster gone from a shared store (the old one, after a blue/green upgrade) and resumes them the same way.
-Each maintenance tick also runs any unfinished job it has no task for: one whose submit was cancelled after
-its create was written, one whose store calls failed past retry.STORE_RETRY_S.
-"""
+The JobManager deployment (serve_app/jobs/manager.py) wraps one `JobRunner`; unit tests drive it with fake model
+clients and a real SQLite store. Only the holder of its cluster's lease computes that cluster's jobs: on start (and
+whenever it takes the lease over) it resumes every queued or running job after its last stored chunk, so a restart
+recomputes at most the chunks that were in flight. It adopts the jobs of a cluster gone from a shared store (the old
+one, after a blue/green upgrade) and resumes them the same way. Each maintenance tick also runs any unfinished job
+it has no task for: one whose submit was cancelled after its create was written, or whose store calls failed."""
 
 from __future__ import annotations
 
@@ -29,7 +27,7 @@ from ..settings import AppSettings
 from .job import (
     ANONYMOUS, IdempotencyKeyReused, JobFinished, JobNotFound, JobRecord, JobTooLarge, StoreLimits, UnsupportedTask,
     body_hash, job_settings, store_call, submission_key)
-from .reads import job_view
+from .reads import PAGE_READS_AT_ONCE, job_view
 from .results import DEFAULT_EMBEDDING_DIM, encode_chunk_of, estimate_bytes, parse_submission, piece, records_of
 from . import retry
 from .adoption import Adoption
@@ -53,6 +51,7 @@ class JobRunner:
         self._clock = clock
         self._tasks: dict[str, asyncio.Task] = {}
         self._running = FairSlots(settings.jobs.max_running_jobs, settings.jobs.max_share_per_key)
+        self._page_reads = FairSlots(PAGE_READS_AT_ONCE, settings.jobs.max_share_per_key)
         self._adoption = Adoption(self.store, time.monotonic)
         self._job_settings = job_settings(settings)
         models = {name: c for name, c in clients.items() if name not in ("translation", "embeddings")}
@@ -278,7 +277,7 @@ class JobRunner:
         """The job's view; once succeeded with its result, whole when it is small (no paging asked)
         or else records [offset, offset + limit) with a `page` object (`next`: the next page)."""
         record = await self._owned(job_id, owner)
-        return await job_view(self.store, record, self.settings.jobs.max_page_bytes, offset, limit)
+        return await job_view(self.store, record, self.settings.jobs.max_page_bytes, offset, limit, self._page_reads)
 
     async def cancel(self, job_id: str, owner: str = ANONYMOUS) -> dict:
         """Cancel a queued or running job: its calls still waiting are never computed."""

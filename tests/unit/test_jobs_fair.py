@@ -122,3 +122,42 @@ def test_one_key_holds_at_most_its_share_of_the_slots_and_another_key_starts_at_
         await asyncio.gather(*tasks)
 
     asyncio.run(scenario())
+
+
+def test_result_pages_are_built_a_few_at_once_and_fair_between_keys(tmp_path):
+    """A result page is up to jobs.max_page_bytes of JSON, about 3 x that as Python objects, built in the JobManager
+    that runs every key's jobs: one key polling from hundreds of connections ran it out of memory. Pages are built
+    PAGE_READS_AT_ONCE at a time, at most half of them for one key, so another key's read is not queued behind."""
+    from serve_app.jobs.reads import PAGE_READS_AT_ONCE
+    from .test_jobs import _finished
+
+    async def scenario():
+        runner, _, _ = await _runner(tmp_path)
+        try:
+            a = (await runner.submit("translation", _translation(3), owner="k-a"))["job_id"]
+            b = (await runner.submit("translation", _translation(3), owner="k-b"))["job_id"]
+            for job_id, owner in ((a, "k-a"), (b, "k-b")):
+                assert (await _finished(runner, job_id, owner))["status"] == "succeeded"
+            chunks, gate, building, most = runner.store.chunks, asyncio.Event(), [], [0]
+
+            async def held_chunks(job_id, indexes):  # a page being built: held until the gate opens
+                building.append(job_id)
+                most[0] = max(most[0], len(building))
+                await gate.wait()
+                building.remove(job_id)
+                return await chunks(job_id, indexes)
+
+            runner.store.chunks = held_chunks
+            flood = [asyncio.ensure_future(runner.get(a, "k-a")) for _ in range(20)]
+            await asyncio.sleep(0.05)
+            other = asyncio.ensure_future(runner.get(b, "k-b"))
+            await asyncio.sleep(0.05)
+            assert building.count(b) == 1 and building.count(a) == PAGE_READS_AT_ONCE // 2, building
+            gate.set()
+            views = await asyncio.gather(*flood, other)
+            assert all(v["status"] == "succeeded" and len(v["result"]["result"]) == 3 for v in views)
+            assert most[0] <= PAGE_READS_AT_ONCE
+        finally:
+            await runner.stop()
+
+    asyncio.run(scenario())
