@@ -126,7 +126,7 @@ def test_one_key_holds_at_most_its_share_of_the_slots_and_another_key_starts_at_
 
 def test_result_pages_are_built_a_few_at_once_and_fair_between_keys(tmp_path):
     """A result page is up to jobs.max_page_bytes of JSON, about 3 x that as Python objects, built in the JobManager
-    that runs every key's jobs: one key polling from hundreds of connections ran it out of memory. Pages are built
+    that runs every key's jobs: one key polling from hundreds of connections could run it out of memory. Pages are built
     PAGE_READS_AT_ONCE at a time, at most half of them for one key, so another key's read is not queued behind."""
     from serve_app.jobs.reads import PAGE_READS_AT_ONCE
     from .test_jobs import _finished
