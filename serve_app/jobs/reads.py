@@ -11,7 +11,8 @@ from .results import json_bytes_per_record, page_bounds, page_of, render
 from .store import JobStore
 
 #: result pages (up to jobs.max_page_bytes of JSON each, about 3 x that as Python objects) built at once: one key
-#: polling a large result from hundreds of connections could run the JobManager (every key's jobs) out of memory (estimated, not measured)
+#: polling a large result from hundreds of connections could run the JobManager (every key's jobs) out of memory
+#: (an estimate, not measured)
 PAGE_READS_AT_ONCE = 4
 
 
