@@ -267,7 +267,8 @@ def reject_secrets_in_args(args: Optional[Mapping[str, Any]]) -> None:
 def reject_secrets_in_env_vars(env_vars: Any, where: str) -> list[str]:
     """The same secrets set in a runtime_env's `env_vars` (printed with the rest of the config)."""
     names = {f"SERVE_APP_{section.upper()}_{field.upper()}" for section, field in SECRETS}
-    found = sorted(names & set(env_vars)) if isinstance(env_vars, Mapping) else []
+    # (pydantic-settings reads the environment regardless of case)
+    found = sorted(n for n in env_vars if str(n).upper() in names) if isinstance(env_vars, Mapping) else []
     return [f"{where}.env_vars.{name}: {_NOT_IN_CONFIG}; set it in the process environment or use "
             f"{name}_FILE (a mounted Secret)" for name in found]
 

@@ -34,19 +34,20 @@ class Readiness:
     async def states(self, clients: list[ModelClient]) -> dict[str, str]:
         """Each model deployment's state: `ready`, or why not. /readyz needs no key, so a flood of it must
         cost neither calls nor connections: a caller that finds no probe running starts one and waits for it;
-        callers while one runs share it, and get the last probe's answer at once if it is at most one probe's
-        longest time old. Else a probe of busy models (up to 2 x timeout_s) held each caller's connection,
+        callers while one runs share it, and get the last probe's answer at once if that probe began at most two
+        probes' longest time (2 x 2 x timeout_s) + 1 s ago. Else a probe of busy models (up to 2 x timeout_s) held each caller's connection,
         and keyless callers could fill every slot HAProxy gives an Ingress replica (serve_app/proxy_shedding.py)."""
         if self._probing is None or self._probing.done():
+            began = time.monotonic()  # (what it finds is as old as its start: a deployment may answer at once)
             self._probing = asyncio.ensure_future(self._states(clients))
-            self._probing.add_done_callback(self._keep)
-        elif self._last is not None and time.monotonic() - self._last[0] <= 2 * self.timeout_s + 1.0:
+            self._probing.add_done_callback(lambda probe: self._keep(probe, began))
+        elif self._last is not None and time.monotonic() - self._last[0] <= 4 * self.timeout_s + 1.0:
             return dict(self._last[1])
         return dict(await asyncio.shield(self._probing))
 
-    def _keep(self, probe: asyncio.Future) -> None:
+    def _keep(self, probe: asyncio.Future, began: float) -> None:
         if not probe.cancelled() and probe.exception() is None:
-            self._last = (time.monotonic(), probe.result())
+            self._last = (began, probe.result())
 
     async def _states(self, clients: list[ModelClient]) -> dict[str, str]:
         """Each model deployment's state, probed.

@@ -34,7 +34,7 @@ from deployments.settings import (
 from .jobs.settings import JobSettings
 
 DEFAULT_PORT = 9527
-_ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s?#,]+", re.IGNORECASE)
+_ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s?#,@*]+")
 
 
 #: HTTP requests one ingress replica handles at once (its Serve default; a config may set its own, above
@@ -178,11 +178,14 @@ class IngressSettings(Section):
             value = value.split(",")
         if not isinstance(value, list):
             return value  # (pydantic says what it must be)
-        origins = [o.strip() if isinstance(o, str) else o for o in value]
-        for origin in origins:  # a browser's Origin is exactly scheme://host[:port]: anything else never matches
-            if isinstance(origin, str) and origin and origin != "*" and not _ORIGIN.fullmatch(origin):
-                raise ValueError(f"{origin!r} is not an origin: scheme://host[:port] (no path, no trailing "
-                                 "slash), or `*`; several: comma-separated or a list")
+        # a browser's Origin is exactly scheme://host[:port], in lower case and without the scheme's default port
+        # (or `null`), matched as a string: anything else never matches
+        origins = [re.sub(r"^(https://.*):443$|^(http://.*):80$", r"\1\2", o.strip().lower()) if isinstance(o, str)
+                   else o for o in value]
+        for origin in origins:
+            if isinstance(origin, str) and origin not in ("", "*", "null") and not _ORIGIN.fullmatch(origin):
+                raise ValueError(f"{origin!r} is not an origin: scheme://host[:port] (no path, no trailing slash, no "
+                                 "wildcard in the host), `null` or `*`; several: comma-separated or a list")
         return [o for o in origins if o != ""]
 
     def api_key_list(self) -> list[str]:

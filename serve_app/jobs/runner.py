@@ -177,15 +177,16 @@ class JobRunner:
     def _launch(self, record: JobRecord) -> bool:  # (a task for a job without one here)
         if record.id in self._tasks:
             return False
-        self._tasks[record.id] = asyncio.create_task(self._run(record.id, record.owner), name=f"job-{record.id}")
+        self._tasks[record.id] = asyncio.create_task(self._run(record.id, record.owner, record.status != "running"),
+                                                     name=f"job-{record.id}")
         return True
 
-    async def _run(self, job_id: str, owner: str) -> None:
+    async def _run(self, job_id: str, owner: str, capped: bool = True) -> None:
         """Compute a job's missing chunks, in a running slot fair between owners (jobs/fair.py), and record how it
         ended. A cancelled task (DELETE, lease lost, shutdown) records nothing: `cancel` wrote the state first, or
         the next runner resumes the job; nor does a store failing past retry.STORE_RETRY_S: the sweep resumes it."""
         try:
-            async with self._running.slot(owner):
+            async with self._running.slot(owner, capped):  # (a resumed running job: not held back by its key's share)
                 record = await retry.store_write(lambda: self.store.get(job_id))
                 if record is None or record.finished:
                     return

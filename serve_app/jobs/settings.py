@@ -27,7 +27,8 @@ class JobSettings(Section):
     max_running_jobs: int = Field(
         2, ge=1,
         description="Jobs computing at once; the rest wait `queued`, in turn between API keys (the key served least "
-        "recently first), then first in first out. More lets small jobs "
+        "recently first), then first in first out; one API key's jobs take at most max_share_per_key of these "
+        "slots (rounded up, at least one). More lets small jobs "
         "pass a large one; each running job keeps up to max_inflight_calls_per_job calls at the models.",
     )
     max_inflight_calls_per_job: int = Field(

@@ -281,11 +281,11 @@ def test_config_check_rejects_secrets_in_args_and_in_runtime_env_vars():
            "args": {"jobs": {"redis_password": KEY_A}},
            "runtime_env": {"env_vars": {"SERVE_APP_INGRESS_API_KEYS": KEY_A, "OMP_NUM_THREADS": "1"}},
            "deployments": [{"name": "Ingress", "ray_actor_options": {
-               "runtime_env": {"env_vars": {"SERVE_APP_JOBS_REDIS_PASSWORD": KEY_B}}}}]}
+               "runtime_env": {"env_vars": {"serve_app_jobs_redis_password": KEY_B}}}}]}  # (read in any case)
     problems = check_config({"applications": [app]})
     assert [p.split(":")[0] for p in problems if "must not be in the Serve config" in p] == [
         "applications[serve-app].runtime_env.env_vars.SERVE_APP_INGRESS_API_KEYS",
         "applications[serve-app].args.jobs.redis_password",
         "applications[serve-app].deployments[Ingress].ray_actor_options.runtime_env.env_vars."
-        "SERVE_APP_JOBS_REDIS_PASSWORD"], problems
+        "serve_app_jobs_redis_password"], problems
     assert not any(KEY_A in p or KEY_B in p for p in problems)

@@ -102,6 +102,8 @@ def test_one_key_holds_at_most_its_share_of_the_slots_and_another_key_starts_at_
             await release.wait()
 
     async def scenario():
+        # rounded up as the store's shares are (job.StoreLimits): 3 slots at half give a key 2, not 1
+        assert [FairSlots(n, share=0.5).per_owner for n in (1, 2, 3, 4)] == [1, 1, 2, 2]
         slots, started, release = FairSlots(2, share=0.5), [], asyncio.Event()
         tasks = [asyncio.ensure_future(hold(slots, "k-a", started, release)) for _ in range(3)]
         await asyncio.sleep(0.01)
@@ -159,5 +161,41 @@ def test_result_pages_are_built_a_few_at_once_and_fair_between_keys(tmp_path):
             assert most[0] <= PAGE_READS_AT_ONCE
         finally:
             await runner.stop()
+
+    asyncio.run(scenario())
+
+
+def test_jobs_already_running_are_resumed_past_their_key_s_share(tmp_path):
+    """A restart (or an adoption) resumes a key's running jobs; their time limits count from when they started. Held
+    back by the key's share of the slots, the second one waited `running` behind the first and could fail `timeout`
+    without computing: jobs that were running are resumed at once (queued ones still take turns)."""
+    from .test_jobs import _finished
+
+    async def scenario():
+        gate = asyncio.Event()
+
+        class Held(FakeTranslator):
+            async def call(self, method, *args, **kwargs):
+                if method == "translate":
+                    await gate.wait()
+                return await super().call(method, *args, **kwargs)
+
+        held = Held()
+        first, _, _ = await _runner(tmp_path, held, max_share_per_key=1.0)
+        jobs = [(await first.submit("translation", _translation(1), owner="k-a"))["job_id"] for _ in range(2)]
+        async with asyncio.timeout(5):
+            while [(await first.get(j, "k-a"))["status"] for j in jobs] != ["running", "running"]:
+                await asyncio.sleep(0.005)
+        await first.stop()  # both `running` in the store
+
+        translator = FakeTranslator(delay_s=0.1)
+        second, _, _ = await _runner(tmp_path, translator)  # max_share_per_key 0.5: one slot of 2 per key
+        try:
+            for job_id in jobs:
+                assert (await _finished(second, job_id, "k-a"))["status"] == "succeeded"
+            assert translator.max_in_flight == 2  # both resumed at once
+        finally:
+            gate.set()
+            await second.stop()
 
     asyncio.run(scenario())

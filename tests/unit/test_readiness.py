@@ -109,8 +109,10 @@ def test_callers_while_a_probe_runs_get_the_last_answer_at_once_if_it_is_recent(
         await asyncio.sleep(0.01)
         flood = await asyncio.wait_for(asyncio.gather(*(readiness.states([client]) for _ in range(50))), 1.0)
         assert flood == [{"Embedder": "ready"}] * 50 and client.calls == 2 and not probe.done()
+        opened = time.monotonic()
         client.gate.set()
         assert await probe == {"Embedder": "ready"}
+        assert readiness._last[0] < opened  # an answer is as old as its probe's start, not its end
         # an answer older than a probe's longest time is not given: callers wait for the probe
         readiness._last = (time.monotonic() - 10, {"Embedder": "loading (no replica answered in time)"})
         client.gate.clear()

@@ -71,9 +71,13 @@ def test_a_section_that_is_not_a_mapping_is_refused_quoting_it(value):
 def test_cors_origins_must_be_origins_a_browser_can_send(monkeypatch):
     """A browser's Origin is exactly scheme://host[:port]: a JSON list in the variable, a trailing slash or a path
     was kept as an origin that never matched, so CORS silently never worked."""
-    for bad in ('["https://a.example"]', "https://a.example/", "https://a.example/app", "a.example"):
+    for bad in ('["https://a.example"]', "https://a.example/", "https://a.example/app", "a.example",
+                "https://*.example.com", "https://user:pw@a.example"):
         with pytest.raises(ValidationError, match=re.escape(repr(bad)) + " is not an origin"):
             load_settings({"ingress": {"cors_origins": bad}})
     monkeypatch.setenv("SERVE_APP_INGRESS_CORS_ORIGINS", " https://a.example , http://b.example:8080,")
     assert load_settings({}).ingress.cors_origins == ["https://a.example", "http://b.example:8080"]
     assert load_settings({"ingress": {"cors_origins": ["*"]}}).ingress.cors_origins == ["*"]
+    # as a browser writes it: lower case, no default port; `null` (sandboxed frames, file:// pages) as it is
+    assert load_settings({"ingress": {"cors_origins": "HTTPS://App.Example:443,http://b.example:80,null"}}
+                         ).ingress.cors_origins == ["https://app.example", "http://b.example", "null"]
