@@ -65,7 +65,11 @@ def auth_headers(api_key: Optional[str]) -> dict[str, str]:
 
 
 def deadline_headers(deadline_ms: Optional[int]) -> Optional[dict[str, str]]:
-    return {"X-Request-Timeout-Ms": str(deadline_ms)} if deadline_ms else None
+    if deadline_ms is None:
+        return None
+    if isinstance(deadline_ms, bool) or not isinstance(deadline_ms, int) or deadline_ms < 1:
+        raise ValueError(f"deadline_ms must be a whole number of milliseconds >= 1 (or None), not {deadline_ms!r}")
+    return {"X-Request-Timeout-Ms": str(deadline_ms)}
 
 
 def _texts(texts: Sequence[str]) -> list[str]:
