@@ -74,6 +74,13 @@ class BodyTimeout(ServeAppError):
     error_type = "body_timeout"
 
 
+class CorsRefused(ServeAppError):
+    """A browser's CORS preflight from an origin, with a method or headers, that ingress.cors_origins does not allow."""
+
+    status_code = 400
+    error_type = "cors_refused"
+
+
 class UnsupportedLanguagePair(ServeAppError):
     status_code = 400
     error_type = "unsupported_language_pair"

@@ -9,7 +9,9 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from .admission import DRAIN, AdmissionControl, DrainState  # noqa: F401  (re-exported: one DRAIN per process)
 from .auth import REQUEST_KEY_ID, KeySet
-from .errors import ERROR_TYPE_SCOPE_KEY, BodyTimeout, Forbidden, PayloadTooLarge, Unauthorized, unexpected_error
+from .errors import (
+    ERROR_TYPE_SCOPE_KEY, BodyTimeout, CorsRefused, Forbidden, PayloadTooLarge, Unauthorized, unexpected_error,
+)
 from .observability import route_path
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -187,15 +189,32 @@ class LazyCORS:
         if scope["type"] != "http" or not origins:
             return await self.app(scope, receive, send)
         if origins not in self._built:
-            from starlette.middleware.cors import CORSMiddleware
-
-            self._built[origins] = CORSMiddleware(
+            self._built[origins] = _json_refusal_cors(
                 self.app, allow_origins=list(origins), allow_methods=["GET", "POST", "DELETE"],
                 allow_headers=["Authorization", "Cache-Control", "Content-Type", "Idempotency-Key", "X-API-Key",
                                "X-Request-Timeout-Ms"],
                 expose_headers=["X-Batch-Records", "X-Cache", "X-Request-ID", "Retry-After", "Location"], max_age=600,
             )
         await self._built[origins](scope, receive, send)
+
+
+def _json_refusal_cors(app, **options):
+    """Starlette's CORS middleware, whose refused preflight (400 `Disallowed CORS origin`) is plain text: here it is
+    the taxonomy's JSON body, as every other error."""
+    from starlette.middleware.cors import CORSMiddleware
+
+    class JsonRefusalCORS(CORSMiddleware):
+        def preflight_response(self, request_headers):
+            response = super().preflight_response(request_headers)
+            if response.status_code != 400:
+                return response
+            refused = CorsRefused(f"CORS preflight refused: {response.body.decode()} (ingress.cors_origins and "
+                                  "the allowed methods and headers, docs/security.md).").to_response()
+            refused.headers.update({k: v for k, v in response.headers.items()
+                                    if k.lower() not in ("content-length", "content-type")})
+            return refused
+
+    return JsonRefusalCORS(app, **options)
 
 
 # --- observability ------------------------------------------------------------------------

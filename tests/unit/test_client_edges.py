@@ -77,3 +77,13 @@ def test_a_job_is_polled_through_a_passing_504_or_502_by_both_clients():
             return await asyncio.wait_for(await client.submit_translation(["b"], source="en", target="pt"), 10)
 
     assert asyncio.run(scenario()) == ["B"]
+
+
+@pytest.mark.parametrize("bad", [0, -5, 2.5, True])
+def test_a_deadline_must_be_whole_milliseconds_from_one(bad):
+    """`deadline_ms=0` sent no deadline at all (the header was left out for any falsy value)."""
+    sent = []
+    with Client(transport=httpx.MockTransport(lambda request: sent.append(request))) as client:
+        with pytest.raises(ValueError, match="deadline_ms must be"):
+            client.translate(["a"], source="en", target="pt", deadline_ms=bad)
+    assert sent == []

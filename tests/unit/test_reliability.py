@@ -111,6 +111,9 @@ def test_cors_allows_only_configured_origins(client):
     other = client.options("/translation", headers={"Origin": "https://evil.example",
                                                     "Access-Control-Request-Method": "POST"})
     assert other.headers.get("access-control-allow-origin") != "https://evil.example"
+    # the refusal is the taxonomy's JSON, as every error (Starlette's was plain text)
+    assert_error(other, 400, "cors_refused")
+    assert "Disallowed CORS origin" in other.json()["error"] and "Origin" in other.headers["vary"]
 
 
 # --- deadlines -----------------------------------------------------------------------------------
