@@ -99,8 +99,8 @@ class AIMDBatchSizer:
     def observe(self, latency_s: float, records: int, full: bool = False) -> int:
         """One batch of `records` took `latency_s` of model time; returns the (new) live size. `full`: the batch
         was as full as it could be (the next call did not fit), though smaller than the size."""
-        if records < 1:
-            return self.size
+        if records < 1 or records > self.size:  # larger: formed under a size since backed off from (calls queued
+            return self.size                     # with the old cap), it says nothing of the live size
         self._window.append(float(latency_s))
         if p99(self._window) > self.settings.target_p99_s:
             smaller = self._clamp(math.floor(self.size * self.settings.backoff_factor))

@@ -21,6 +21,12 @@ R = TypeVar("R")
 K = TypeVar("K", bound=Hashable)
 
 
+class RanAlone(list):
+    """A batch's outputs after its joined call raised and each call ran again alone (each output a result or that
+    call's exception): its time is not one batch's, and its size failed even if every call then succeeded (an out
+    of memory), so ModelQueue reports it `rerun` and the adaptive sizer does not grow on it."""
+
+
 class Chunk(NamedTuple):
     """One call's records for one language pair (what the ingress sends in one handle call)."""
 
@@ -63,7 +69,7 @@ def run_joined(items: Sequence[Sequence], run: Callable[[list], Any], cut: Calla
         # The class and place, not the message: it may quote the inputs (deployments/errors.py).
         logger.warning("%s: a batch of %d calls raised %s; running each call alone", what, len(items),
                        describe_exception(exc))
-        return [_run_call(run, list(item)) for item in items]
+        return RanAlone(_run_call(run, list(item)) for item in items)
     out, offset = [], 0
     for item in items:
         out.append(cut(result, offset, offset + len(item)))
@@ -107,6 +113,7 @@ def run_grouped(
     for index, key in enumerate(keys):
         groups.setdefault(key, []).append(index)
     results: list[Union[list[R], Exception]] = [[] for _ in items]
+    ran_alone = False
     for key, indices in groups.items():
         try:
             outputs = _run_checked(run, key, [text for i in indices for text in items[i]])
@@ -121,13 +128,14 @@ def run_grouped(
                            describe_exception(exc))
             for i in indices:
                 results[i] = _run_alone(run, key, list(items[i]))
+            ran_alone = True
             continue
         offset = 0
         for i in indices:
             n = len(items[i])
             results[i] = outputs[offset:offset + n]
             offset += n
-    return results
+    return RanAlone(results) if ran_alone else results
 
 
 def _run_checked(run: Callable[[K, list[str]], Sequence[R]], key: K, texts: list[str]) -> list[R]:

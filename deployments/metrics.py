@@ -79,11 +79,16 @@ class ReplicaMetrics:
         if self._on is not None and records:
             self._on.records.inc(records, tags=self._tags)
 
-    def observe_batch(self, records: int, seconds: float) -> None:
+    def observe_batch(self, records: int, seconds: float, failed_records: int = 0) -> None:
+        """A batch of `records` computed, but for `failed_records` of calls that failed on their own (each run again
+        alone): those count as a failure, as when their call fails alone, not as computed records."""
         if self._on is not None:
             self._on.batch_records.observe(records, tags=self._tags)
             self._on.model_seconds.observe(seconds, tags=self._tags)
-            self._on.records.inc(records, tags=self._tags)
+            if records > failed_records:
+                self._on.records.inc(records - failed_records, tags=self._tags)
+            if failed_records:
+                self._on.failures.inc(tags=self._tags)
 
     def observe_queue_wait(self, seconds: float) -> None:
         if self._on is not None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from .backends.libc import libc_function
+from .batching import RanAlone
 from .errors import deliverable
 from .priority import Priority
 
@@ -65,6 +66,8 @@ class BatchOutcome:
     full: bool = False
     #: some call failed on its own: the batch ran again call by call, so `seconds` is not one batch's time
     rerun: bool = False
+    #: of `records`, those of calls that failed on their own (the rest were computed)
+    failed_records: int = 0
 
 
 class ModelQueue:
@@ -222,9 +225,10 @@ class ModelQueue:
         records = sum(e.records for e in batch)
         start, cpu_start = time.perf_counter(), time.thread_time()
         error: Optional[BaseException] = None
-        self._batch_started = time.monotonic()
+        ran_alone, self._batch_started = False, time.monotonic()
         try:
-            outputs = list(batch[0].compute([e.item for e in batch]))
+            raw = batch[0].compute([e.item for e in batch])
+            ran_alone, outputs = isinstance(raw, RanAlone), list(raw)
             if len(outputs) != len(batch):
                 raise RuntimeError(f"batch computation returned {len(outputs)} outputs for {len(batch)} calls")
         except BaseException as exc:  # handed to every caller of the batch
@@ -238,7 +242,7 @@ class ModelQueue:
         failed = all(isinstance(out, BaseException) for out in outputs)
         # Each call's own exception (values, not one raised): the batch ran again call by call (run_joined,
         # run_grouped), so each failed at its own size, and the proof needs a call that large, not the batch.
-        rerun = error is None and any(isinstance(out, BaseException) for out in outputs)
+        rerun = error is None and (ran_alone or any(isinstance(out, BaseException) for out in outputs))
         alone = failed and rerun and len(batch) > 1
         if failed and error is None:
             error = outputs[0]
@@ -247,8 +251,9 @@ class ModelQueue:
             self._remember_good(batch, outputs)
         if self._on_batch is not None:
             try:
+                failed_records = sum(e.records for e, o in zip(batch, outputs) if isinstance(o, BaseException))
                 self._on_batch(BatchOutcome(priority, records, seconds, cpu_seconds, failed, error, blamed, full,
-                                            rerun))
+                                            rerun, failed_records))
             except Exception:  # pragma: no cover - bookkeeping must never lose a result
                 logger.exception("model batch bookkeeping failed")
         for entry, out in zip(batch, outputs):

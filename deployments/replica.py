@@ -274,10 +274,10 @@ class ModelReplica:
                 self.health.failed(outcome.error)
             return
         self.health.succeeded()
-        self._stats["computed"] += outcome.records
-        background = outcome.priority >= Priority.BACKGROUND
-        self._stats["computed_background" if background else "computed_interactive"] += outcome.records
-        self.metrics.observe_batch(outcome.records, outcome.seconds)
+        background, done = outcome.priority >= Priority.BACKGROUND, outcome.records - outcome.failed_records
+        self._stats["computed"] += done  # (not the records of calls that failed alone)
+        self._stats["computed_background" if background else "computed_interactive"] += done
+        self.metrics.observe_batch(outcome.records, outcome.seconds, outcome.failed_records)
         # no evidence for the interactive size: job batches (capped apart), batches run again call by call
         if (sizer := self._sizer) is not None and not background and not outcome.rerun:
             sizer.observe(outcome.seconds, outcome.records, outcome.full)

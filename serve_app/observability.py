@@ -24,13 +24,14 @@ RECORDS_SCOPE_KEY = "serve_app.records"
 
 #: routes kept as metric labels; anything else is "other" (bounded label cardinality)
 KNOWN_ROUTES = ("/translation", "/embeddings", "/v1/embeddings", "/healthz", "/readyz", "/v1/models",
-                "/docs", "/openapi.json")
+                "/docs", "/openapi.json", "/jobs")
 
 LATENCY_BOUNDARIES_S = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60]
 
 
-#: custom model routes share one label (any name a client sends would otherwise become a label)
+#: custom model routes share one label (any name a client sends would otherwise become a label), as jobs do
 PREDICT_ROUTE = re.compile(r"^/models/[^/]+/predict$")
+JOB_ROUTE = re.compile(r"^/jobs/[^/]+$")
 
 
 def route_path(scope: dict) -> str:
@@ -45,6 +46,8 @@ def route_path(scope: dict) -> str:
 def route_label(path: str) -> str:
     if PREDICT_ROUTE.match(path):
         return "/models/{name}/predict"
+    if JOB_ROUTE.match(path):
+        return "/jobs/{id}"
     return path if path in KNOWN_ROUTES else "other"
 
 

@@ -241,3 +241,12 @@ def test_a_piece_cut_again_after_a_shrink_counts_its_records_enqueued_once(monke
     assert len(first) == 2 and len(second) == 8
     stats = replica.stats()
     assert stats["enqueued"] == stats["computed"] + stats["cancelled"] == 10, stats
+
+
+def test_a_batch_formed_before_a_back_off_does_not_back_off_again():
+    """Calls queued under the old size still form batches of it after a back-off: each was slow, and each halved
+    the size again (8 -> 4 -> 2 -> 1 in a review's run, where 4 records met the target)."""
+    s, _ = sizer(initial=8, min_size=1, backoff_factor=0.5)
+    assert s.observe(0.2, 8) == 4
+    assert s.observe(0.2, 8) == 4 and s.observe(0.2, 6) == 4 and s.decreases == 1
+    assert s.observe(0.2, 4) == 2  # a batch at the live size still counts

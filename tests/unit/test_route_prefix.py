@@ -33,6 +33,9 @@ def test_the_path_inside_the_app():
     assert route_path({"path": "/bc/translation", "root_path": "/b"}) == "/bc/translation"  # not under it
     assert route_path({"path": "/translation", "root_path": ""}) == "/translation"
     assert route_label(route_path({"path": "/b/models/iris/predict", "root_path": "/b"})) == "/models/{name}/predict"
+    # the jobs API has labels of its own (it was "other", with unknown paths' 404s), one for every job id
+    assert [route_label(p) for p in ("/jobs", "/jobs/0f3a", "/jobs/0f3a/x", "/nope")] == [
+        "/jobs", "/jobs/{id}", "other", "other"]
 
 
 def test_admission_governs_the_model_routes_under_a_prefix():

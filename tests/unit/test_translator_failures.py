@@ -187,3 +187,73 @@ def test_a_batch_run_again_call_by_call_is_no_evidence_for_the_adaptive_size():
         replica._record_batch(BatchOutcome(0, 16, 5.0, 5.0, failed=False, rerun=rerun))
     assert seen == [(5.0, 16, False)]
     replica._model_thread.shutdown()
+
+
+def test_a_batch_whose_joined_call_failed_but_every_call_then_succeeded_alone_is_a_rerun():
+    """A batch too large for the model (an out of memory on a GPU) raised, and each call then succeeded alone: the
+    outcome said a full batch under target, and the SLO sizer grew past the size that had just failed."""
+    from deployments.batching import RanAlone, run_grouped, run_joined
+
+    def oom_past_three(texts):
+        if len(texts) > 3:
+            raise RuntimeError("CUDA out of memory")
+        return [t.upper() for t in texts]
+
+    joined = run_joined([["a", "b"], ["c", "d"]], oom_past_three, lambda r, start, stop: r[start:stop], "t")
+    grouped = run_grouped(["k", "k"], [["a", "b"], ["c", "d"]], lambda key, texts: oom_past_three(texts), isolate=True)
+    assert isinstance(joined, RanAlone) and isinstance(grouped, RanAlone) and grouped == [["A", "B"], ["C", "D"]]
+    assert not isinstance(run_grouped(["k"], [["a"]], lambda key, texts: oom_past_three(texts), isolate=True),
+                          RanAlone)
+
+    outcomes = []
+    queue = ModelQueue("oom-test", on_batch=outcomes.append)
+    try:
+        assert queue.submit(lambda items: RanAlone(["ok"] * len(items)), "x").result(timeout=10)[0] == "ok"
+    finally:
+        queue.shutdown()
+    assert [(o.failed, o.rerun) for o in outcomes] == [(False, True)]
+
+
+def test_a_call_that_failed_alone_in_a_batch_counts_as_a_failure_not_as_computed_records():
+    """Batched with good calls, a bad call's records were counted computed and no failure was recorded; alone, the
+    same call counted a failure and no records: an alert on model failures went quiet exactly under load."""
+    import threading
+
+    from deployments.batching import RanAlone
+    from deployments.model_queue import BatchOutcome
+    from deployments.replica import ModelReplica
+
+    gate, outcomes = threading.Event(), []
+    queue = ModelQueue("partial-test", on_batch=outcomes.append)
+    try:
+        first = queue.submit(lambda items: gate.wait(10) and ["ok"] * len(items), "first")
+        def compute(items):  # what run_joined hands back when the joined call raised: each call's own outcome
+            return RanAlone(RuntimeError("bad") if item == "bad" else "ok" for item in items)
+
+        bad = queue.submit(compute, "bad", records=2, cap=8)
+        good = queue.submit(compute, "good", records=3, cap=8)
+        gate.set()
+        first.result(timeout=10)
+        with pytest.raises(RuntimeError):
+            bad.result(timeout=10)
+        assert good.result(timeout=10)[0] == "ok"
+    finally:
+        queue.shutdown()
+    assert [(o.records, o.failed, o.failed_records) for o in outcomes] == [(1, False, 0), (5, False, 2)]
+
+    from deployments.batch_config import BatchConfig
+
+    class Replica(ModelReplica):
+        deployment_name = "partial"
+        default_batch = BatchConfig(max_batch_size=16, batch_wait_timeout_s=0.01)
+
+        def _batched_methods(self):
+            return []
+
+    replica = Replica()
+    replica._init_replica()
+    try:
+        replica._record_batch(BatchOutcome(0, 5, 0.1, 0.1, failed=False, rerun=True, failed_records=2))
+        assert replica._stats["computed"] == 3 and replica._stats["computed_interactive"] == 3
+    finally:
+        replica._model_thread.shutdown()
