@@ -16,9 +16,11 @@ export RAY_USAGE_STATS_ENABLED ?= 0
 
 .PHONY: lock bench bench-smoke bench-gpu bench-gpu-engines chaos chaos-smoke cluster cluster-test cluster-smoke load status run test install install-test unit integration check-config render-configs check-rendered deploy-test clean
 
+# A venv left half made (python3-venv missing: its python exists, its pip does not) is removed, or the next make
+# would take it as done and every install would fail on a missing pip until .venv was deleted by hand.
 $(BIN)/python:
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
+	$(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); exit 1; }
+	$(BIN)/python -m pip install -q --upgrade pip || { rm -rf $(VENV); exit 1; }
 
 # Versions come from requirements.lock (constraints: pins of everything, torch's CUDA libraries
 # included, which a CPU torch never asks for); `make lock` re-resolves it after pyproject.toml changes.

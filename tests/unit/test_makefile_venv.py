@@ -1,0 +1,27 @@
+"""The Makefile's venv rule: a venv whose creation failed half way is not taken as done by the next make."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_a_half_made_venv_is_removed_so_the_next_make_makes_it_again(tmp_path):
+    """python3-venv missing: `python3 -m venv` writes bin/python, then fails at ensurepip. Make kept the file and the
+    next `make run` said `.venv/bin/python` was up to date, failing on a missing pip until .venv was deleted."""
+    fake = tmp_path / "python-without-ensurepip"
+    fake.write_text('#!/bin/sh\n# $1 = -m, $2 = venv, $3 = the folder\nmkdir -p "$3/bin" && touch "$3/bin/python"\n'
+                    'echo "ensurepip is not available" >&2\nexit 1\n')
+    fake.chmod(0o755)
+    venv = tmp_path / "venv"
+    args = ["make", "-s", "-f", str(ROOT / "Makefile"), f"VENV={venv}", f"{venv}/bin/python"]
+    first = subprocess.run([*args, f"PYTHON={fake}"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert first.returncode != 0 and not venv.exists(), first.stderr
+    again = subprocess.run([*args, "-n", f"PYTHON={fake}"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert "-m venv" in again.stdout, again.stdout + again.stderr  # not "up to date": it is made again
