@@ -123,9 +123,9 @@ class LocalCluster(DashboardView):
             ns, address = self.network.add_node(i, hosts)
             self.nodes.append(Node(i, self.spec.workers, ns, address, self.workdir))
         self.start_node(self.head)
-        wait_until(lambda: httpx.get(f"{self.dashboard_url}/api/version", timeout=2,
-                                headers=self.ray_auth_headers()).status_code == 200,
-              timeout_s, "the head's dashboard")
+        # (not only its dashboard: a head whose `ray start` exits first is started again, or fails with its log at
+        # once, instead of a timeout without a log after 180 s)
+        self.wait_nodes(1, timeout_s)
         # One at a time: nodes on one machine share Ray's session folder, and each picks its socket
         # and log names by looking for free ones (two at once picked the same and one never registered).
         for count, node in enumerate(self.workers, start=2):

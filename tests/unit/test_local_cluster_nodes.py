@@ -108,3 +108,34 @@ def test_a_restarted_pod_joins_once_its_own_raylet_is_alive(tmp_path, monkeypatc
     finally:
         procs[-1].kill()
         procs[-1].wait()
+
+
+def test_a_head_whose_ray_start_exits_first_is_started_again_not_waited_on_for_the_timeout(tmp_path, monkeypatch):
+    """`LocalCluster.start` waited only for the head's dashboard: a head whose `ray start` exited (a raylet abort on
+    two loaded cores) was noticed after the whole 180 s timeout, with no log. It now waits as for any node."""
+    monkeypatch.setattr(nd, "START_RETRY_PAUSES_S", (0.0,))
+    monkeypatch.setattr(cl, "kill_namespace_processes", lambda ns: [])
+    head_spec = NodeSpec(group="head", head=True, start_params={}, env={}, num_cpus=1, memory_bytes=2**30)
+    cluster = cl.LocalCluster.__new__(cl.LocalCluster)
+    head = nd.Node(0, head_spec, "sa-ns0", "198.18.1.10", tmp_path)
+    cluster.nodes, cluster.log = [head], lambda line: None
+    listed: dict = {}
+    cluster.youngest_alive_raylets = lambda: dict(listed)
+    procs = []
+
+    def start_node(node):
+        procs.append(_exiting(1) if not procs else subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]))
+        node.launched(procs[-1])
+        if len(procs) > 1:
+            listed[node.address] = int(node.launched_ms) + 1_000
+
+    cluster.start_node = start_node
+    start_node(head)
+    try:
+        cluster.wait_nodes(1, timeout_s=30)
+        assert len(procs) == 2 and len(head.failed_starts) == 1 and not head.starting
+    finally:
+        procs[-1].kill()
+        procs[-1].wait()
+    import inspect
+    assert "self.wait_nodes(1, timeout_s)" in inspect.getsource(cl.LocalCluster.start)  # the head goes through it
