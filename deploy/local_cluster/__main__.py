@@ -34,10 +34,12 @@ def main(argv: list[str] | None = None) -> int:
     if ns.cleanup:
         print(f"removed {len(removed)} stale namespaces/links" + (f": {', '.join(removed)}" if removed else ""))
         return 0
-    stop, serving = threading.Event(), threading.Event()
+    stop, serving, removing = threading.Event(), threading.Event(), threading.Event()
 
     def on_signal(signum, frame) -> None:
-        if not serving.is_set():  # still starting (minutes at worst): stop now, removing what was made
+        if removing.is_set():  # a second Ctrl-C cut the removal short, leaving namespaces, Redis and HAProxy behind
+            print("removing what the cluster made; a moment", file=sys.stderr, flush=True)
+        elif not serving.is_set():  # still starting (minutes at worst): stop now, removing what was made
             raise KeyboardInterrupt(f"signal {signum}")
         stop.set()
 
@@ -45,14 +47,18 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, on_signal)
     workdir = Path(tempfile.mkdtemp(prefix="sa-cluster-", dir="/tmp"))
     try:
-        return _serve(ns, workdir, stop, serving)
+        return _serve(ns, workdir, stop, serving, removing)
     except KeyboardInterrupt:
         print("stopped while starting; every namespace and process it made is removed", file=sys.stderr)
         return 130
 
 
-def _serve(ns: argparse.Namespace, workdir: Path, stop: threading.Event, serving: threading.Event) -> int:
-    with LocalCluster(ns.manifest, workdir, workers=ns.workers) as cluster:
+def _serve(ns: argparse.Namespace, workdir: Path, stop: threading.Event, serving: threading.Event,
+           removing: threading.Event) -> int:
+    cluster = LocalCluster(ns.manifest, workdir, workers=ns.workers)
+    remove = cluster.stop
+    cluster.stop = lambda: (removing.set(), remove())[-1]  # (runs on any exit of `with`; signals then wait for it)
+    with cluster:
         cluster.submit_serve()
         print(f"Serve application RUNNING {cluster.wait_running(600):.0f} s after submission")
         print("Serve proxies (the `serve` Service's endpoints):")

@@ -261,3 +261,49 @@ def test_cleanup_acts_only_on_a_folder_of_this_user_s_and_on_names_it_gives(tmp_
     assert netns.cleanup_stale() == ["sa7n0", "sa7v0", "sa7br"]
     assert ("link", "delete", "eth0") not in calls and ("kill", "../../home") not in calls
     assert netns.state_dir() == state and not (state / "7.json").exists()
+
+
+def test_a_second_signal_while_a_starting_cluster_is_removed_does_not_cut_the_removal_short(tmp_path, monkeypatch):
+    """Ctrl-C while the cluster started, then again because the removal looked stuck: the second one raised inside
+    `stop()`, after the nodes were killed, and left the namespaces, the bridge, Redis and HAProxy behind."""
+    import os
+    import signal
+    import threading
+    import time as time_
+
+    from deploy.local_cluster import __main__ as entry
+    from deploy.local_cluster import cluster as cl
+
+    removed = []
+
+    class Slow:
+        def __init__(self, name: str, seconds: float):
+            self.name, self.seconds = name, seconds
+
+        def remove(self):
+            time_.sleep(self.seconds)
+            removed.append(self.name)
+
+    class Starting(cl.LocalCluster):
+        def __init__(self, manifest, workdir, workers=None):
+            self.workdir, self.haproxy_dir, self.nodes = Path(workdir), Path(workdir) / "haproxy", []
+            self.network, self.cpu = Slow("network", 1.0), Slow("cpu", 0.0)
+            self.kill_redis = lambda: removed.append("redis")
+
+        def start(self, timeout_s: float = 180) -> None:
+            time_.sleep(30)  # the first signal comes while starting
+
+    monkeypatch.setattr(entry, "LocalCluster", Starting)
+    monkeypatch.setattr(entry, "cleanup_stale", lambda: [])
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    timers = [threading.Timer(delay, os.kill, (os.getpid(), signal.SIGINT)) for delay in (0.3, 0.9)]
+    try:
+        for timer in timers:
+            timer.start()
+        assert entry.main([]) == 130
+    finally:
+        for timer in timers:
+            timer.cancel()
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    assert removed == ["redis", "network", "cpu"]
