@@ -9,6 +9,8 @@ behind without touching anything it did not make. Needs root (CAP_NET_ADMIN) and
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import ipaddress
 import json
 import os
@@ -189,11 +191,25 @@ def _remove(namespaces: list[str], links: list[str]) -> None:
         _ip("link", "delete", link, check=False)
 
 
+@contextlib.contextmanager
+def _records_locked():
+    """The state folder's records, held by this process alone: two runs starting at once each removed a dead run's
+    namespaces, and the slower one removed those the faster had just made under the id it reserved."""
+    with open(state_dir() / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def cleanup_stale() -> list[str]:
     """Remove the namespaces and links of clusters whose owning process is gone; their names."""
-    removed: list[str] = []
     if not STATE_DIR.exists():
-        return removed
+        return []
+    with _records_locked():
+        return _cleanup_stale()
+
+
+def _cleanup_stale() -> list[str]:
+    removed: list[str] = []
     for state in state_dir().glob("*.json"):
         try:
             data = json.loads(state.read_text())
@@ -224,16 +240,16 @@ def free_cluster_id() -> int:
     """The lowest cluster id no live cluster on this machine uses, reserved for this process: its state
     file is created here, exclusively (two clusters starting at once would otherwise both take an id, and
     the one whose bridge then failed to be created would remove the other's on its way out)."""
-    cleanup_stale()
-    folder = state_dir()
-    for cluster_id in range(1, 512):
-        try:
-            fd = os.open(folder / f"{cluster_id}.json", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-        except FileExistsError:
-            continue
-        with os.fdopen(fd, "w") as state:
-            json.dump({"pid": os.getpid(), "namespaces": [], "links": [], "extra_pids": []}, state)
-        return cluster_id
+    with _records_locked():
+        _cleanup_stale()
+        for cluster_id in range(1, 512):
+            try:
+                fd = os.open(state_dir() / f"{cluster_id}.json", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+            except FileExistsError:
+                continue
+            with os.fdopen(fd, "w") as state:
+                json.dump({"pid": os.getpid(), "namespaces": [], "links": [], "extra_pids": []}, state)
+            return cluster_id
     raise RuntimeError(f"no free cluster id: 511 clusters recorded in {STATE_DIR}")
 
 

@@ -307,3 +307,36 @@ def test_a_second_signal_while_a_starting_cluster_is_removed_does_not_cut_the_re
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
     assert removed == ["redis", "network", "cpu"]
+
+
+def test_two_runs_starting_at_once_do_not_remove_each_other_s_reservation(tmp_path, monkeypatch):
+    """After a crashed run left its record, two runs start together and both clean it up: the slower one then removed
+    the namespaces the faster had made under the id it reserved, and deleted that reservation."""
+    import json
+    import threading
+
+    state = tmp_path / "state"
+    monkeypatch.setattr(netns, "STATE_DIR", state)
+    monkeypatch.setattr(netns, "NETNS_ETC", tmp_path / "etc-netns")
+    netns.state_dir()
+    (state / "1.json").write_text(json.dumps({"pid": 2 ** 22 - 1, "namespaces": ["sa1n0"], "links": ["sa1v0"],
+                                              "extra_pids": []}))
+    monkeypatch.setattr(netns, "_ip", lambda *args, check=True: None)
+    monkeypatch.setattr(netns, "kill_namespace_processes", lambda ns: [])
+    monkeypatch.setattr(netns, "stale_groups", lambda cluster_id: [])
+    removing, real_remove = threading.Event(), netns._remove
+
+    def slow_remove(namespaces, links):  # run B is inside its cleanup when run A starts
+        if threading.current_thread().name == "run-B":
+            removing.set()
+            time.sleep(0.5)
+        real_remove(namespaces, links)
+
+    monkeypatch.setattr(netns, "_remove", slow_remove)
+    b = threading.Thread(target=netns.cleanup_stale, name="run-B")
+    b.start()
+    assert removing.wait(5)
+    cluster_id = netns.free_cluster_id()  # run A: cleans up, then reserves the lowest free id
+    b.join(10)
+    assert cluster_id == 1 and json.loads((state / "1.json").read_text())["pid"] == os.getpid()
+    (state / "1.json").unlink()
