@@ -199,11 +199,14 @@ def test_a_stop_asked_for_while_the_cluster_starts_stops_it_then(monkeypatch, tm
             try:
                 time.sleep(30)  # as LocalCluster.start waits for its nodes
             except BaseException:
-                stopped.append(time.monotonic())  # LocalCluster.__enter__ stops on any exception
+                self.stop()  # LocalCluster.__enter__ stops on any exception
                 raise
 
         def __exit__(self, *exc):
             pass
+
+        def stop(self):
+            stopped.append(time.monotonic())
 
     monkeypatch.setattr(launcher, "LocalCluster", SlowToStart)
     monkeypatch.setattr(launcher, "cleanup_stale", lambda: [])
