@@ -67,8 +67,8 @@ def write_record(port: int, gcs_address: str) -> Optional[Path]:
     """The launcher's record (atomic: a reader never sees half of it), after `ray.init`: with the token
     authentication mode Ray chose for its instance (a new local instance: token), never the token. None,
     writing nothing, if another live launcher holds the port's record (it serves there, not this one)."""
-    if read_record(port) is not None:
-        return None
+    if (held := read_record(port)) is not None and held.get("pid") != os.getpid():  # (ours: a dead predecessor's,
+        return None                                                                # whose pid this launcher got)
     path = record_path(port)
     fd, partial = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     with os.fdopen(fd, "w") as f:

@@ -36,7 +36,21 @@ def test_a_live_launchers_record_is_read_back_under_its_port(records, monkeypatc
     assert status.read_record(8000) is None  # another port: another launcher, none here
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # no partial file left
     # A second launcher on the same port (it will fail to bind) leaves the first one's record alone.
-    assert status.write_record(9527, "127.0.0.1:7000") is None
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])  # (a live launcher, to the test)
+    try:
+        path.write_text(json.dumps({**json.loads(path.read_text()), "pid": other.pid}))
+        assert status.write_record(9527, "127.0.0.1:7000") is None
+        assert status.read_record(9527)["gcs_address"] == "127.0.0.1:6379"
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_a_record_left_under_this_launcher_s_own_pid_is_replaced(records):
+    """A launcher killed outright (OOM) and started again with the same pid (a container's) kept its predecessor's
+    record, said another run held the port, and `make status` asked the dead Ray instance."""
+    status.write_record(9527, "10.0.0.1:41111")
+    assert status.write_record(9527, "127.0.0.1:6379") is not None
     assert status.read_record(9527)["gcs_address"] == "127.0.0.1:6379"
 
 
