@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import io
+import json
 import re
 import sys
 import textwrap
@@ -132,6 +133,19 @@ def replace_serve_config_v2(manifest: str, profile: str, where: str = "RayServic
     return "".join(lines[: start + 1] + block + lines[end:])
 
 
+def replace_shedding(manifest: str, where: str = "RayService") -> str:
+    """`manifest` with every container's RAY_SERVE_HAPROXY_HEALTH_CHECK_FASTINTER (HAProxy's bound and queue per
+    Ingress replica, serve_app/proxy_shedding.py) computed from its serveConfigV2, as serve_app.run computes it for
+    `make run`: hand-copied, a changed ingress limit left HAProxy holding the old one."""
+    from serve_app.proxy_shedding import FASTINTER_VARIABLE, shedding_for_config
+
+    shedding = shedding_for_config(yaml.safe_load(yaml.safe_load(manifest)["spec"]["serveConfigV2"]))
+    line = re.compile(r"^(?P<head> *- \{name: " + FASTINTER_VARIABLE + r", value: )\"(?:[^\"\\]|\\.)*\"\}$", re.M)
+    if shedding is None or not line.search(manifest):
+        raise SystemExit(f"{where}: no serve-app application, or no `- {{name: {FASTINTER_VARIABLE}, value: ...}}`")
+    return line.sub(lambda m: m["head"] + json.dumps(shedding.fastinter_value()) + "}", manifest)
+
+
 def validate(config: dict[str, Any], where: str) -> None:
     from serve_app.config_check import check_config
 
@@ -151,7 +165,7 @@ def render_all(root: Path = ROOT) -> dict[Path, str]:
         path = root / name
         if not path.exists():
             raise SystemExit(f"{path}: missing (the RayService around serveConfigV2 is hand-written)")
-        text = replace_serve_config_v2(path.read_text(encoding="utf-8"), profile, name)
+        text = replace_shedding(replace_serve_config_v2(path.read_text(encoding="utf-8"), profile, name), name)
         validate(yaml.safe_load(yaml.safe_load(text)["spec"]["serveConfigV2"]), f"{name} serveConfigV2")
         out[path] = text
     return out

@@ -73,6 +73,20 @@ def test_a_drifted_serve_config_v2_fails_the_check(tree_copy):
     assert path.read_text() == text and rc.drift(tree_copy) == []
 
 
+def test_haproxy_s_bound_in_the_manifests_follows_their_serve_config(tree_copy):
+    """HAProxy's per-replica bound and queue wait (RAY_SERVE_HAPROXY_HEALTH_CHECK_FASTINTER in each container) were
+    hand-copied into the RayServices: an ingress limit changed in the profile left HAProxy holding the old one, and
+    neither `make render-configs` nor its check noticed."""
+    path = tree_copy / "kuberay/rayservice-cpu.yaml"
+    text = path.read_text()
+    assert text.count("maxconn 256\\n    timeout queue 2000ms") == 2
+    path.write_text(text.replace("maxconn 256\\n    timeout queue 2000ms", "maxconn 224\\n    timeout queue 1000ms"))
+    diffs = rc.drift(tree_copy)
+    assert len(diffs) == 1 and "maxconn 224" in diffs[0]
+    rc.write_all(tree_copy, log=lambda _: None)
+    assert path.read_text() == text
+
+
 def test_render_fails_on_a_rayservice_without_a_serve_config_block(tree_copy):
     path = tree_copy / "kuberay/rayservice-cpu.yaml"
     path.write_text(path.read_text().replace("serveConfigV2: |", "serveConfig: |"))
