@@ -1,0 +1,89 @@
+"""deploy/local_cluster when things happen at once: a second Ctrl-C during the removal of a starting cluster, two
+runs starting together after a crashed one (no Ray, no namespaces: the steps are faked)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from deploy.local_cluster import netns
+
+
+def test_a_second_signal_while_a_starting_cluster_is_removed_does_not_cut_the_removal_short(tmp_path, monkeypatch):
+    """Ctrl-C while the cluster started, then again because the removal looked stuck: the second one raised inside
+    `stop()`, after the nodes were killed, and left the namespaces, the bridge, Redis and HAProxy behind."""
+    import os
+    import signal
+    import threading
+    import time as time_
+
+    from deploy.local_cluster import __main__ as entry
+    from deploy.local_cluster import cluster as cl
+
+    removed = []
+
+    class Slow:
+        def __init__(self, name: str, seconds: float):
+            self.name, self.seconds = name, seconds
+
+        def remove(self):
+            time_.sleep(self.seconds)
+            removed.append(self.name)
+
+    class Starting(cl.LocalCluster):
+        def __init__(self, manifest, workdir, workers=None):
+            self.workdir, self.haproxy_dir, self.nodes = Path(workdir), Path(workdir) / "haproxy", []
+            self.network, self.cpu = Slow("network", 1.0), Slow("cpu", 0.0)
+            self.kill_redis = lambda: removed.append("redis")
+
+        def start(self, timeout_s: float = 180) -> None:
+            time_.sleep(30)  # the first signal comes while starting
+
+    monkeypatch.setattr(entry, "LocalCluster", Starting)
+    monkeypatch.setattr(entry, "cleanup_stale", lambda: [])
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    timers = [threading.Timer(delay, os.kill, (os.getpid(), signal.SIGINT)) for delay in (0.3, 0.9)]
+    try:
+        for timer in timers:
+            timer.start()
+        assert entry.main([]) == 130
+    finally:
+        for timer in timers:
+            timer.cancel()
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    assert removed == ["redis", "network", "cpu"]
+
+
+def test_two_runs_starting_at_once_do_not_remove_each_other_s_reservation(tmp_path, monkeypatch):
+    """After a crashed run left its record, two runs start together and both clean it up: the slower one then removed
+    the namespaces the faster had made under the id it reserved, and deleted that reservation."""
+    import json
+    import threading
+
+    state = tmp_path / "state"
+    monkeypatch.setattr(netns, "STATE_DIR", state)
+    monkeypatch.setattr(netns, "NETNS_ETC", tmp_path / "etc-netns")
+    netns.state_dir()
+    (state / "1.json").write_text(json.dumps({"pid": 2 ** 22 - 1, "namespaces": ["sa1n0"], "links": ["sa1v0"],
+                                              "extra_pids": []}))
+    monkeypatch.setattr(netns, "_ip", lambda *args, check=True: None)
+    monkeypatch.setattr(netns, "kill_namespace_processes", lambda ns: [])
+    monkeypatch.setattr(netns, "stale_groups", lambda cluster_id: [])
+    removing, real_remove = threading.Event(), netns._remove
+
+    def slow_remove(namespaces, links):  # run B is inside its cleanup when run A starts
+        if threading.current_thread().name == "run-B":
+            removing.set()
+            time.sleep(0.5)
+        real_remove(namespaces, links)
+
+    monkeypatch.setattr(netns, "_remove", slow_remove)
+    b = threading.Thread(target=netns.cleanup_stale, name="run-B")
+    b.start()
+    assert removing.wait(5)
+    cluster_id = netns.free_cluster_id()  # run A: cleans up, then reserves the lowest free id
+    b.join(10)
+    assert cluster_id == 1 and json.loads((state / "1.json").read_text())["pid"] == os.getpid()
+    (state / "1.json").unlink()
