@@ -99,6 +99,7 @@ class ModelQueue:
         self.fill_wait_fraction = fill_wait_fraction
         self._last_batch_s = 0.0
         self._last_batch_end = 0.0
+        self._last_priority: Optional[int] = None
         self._running = False  # a batch is computing
         self._batch_started: Optional[float] = None  # when the computing batch started (time.monotonic)
         #: calls in each of the last batches: all 1 means nothing has come in together lately
@@ -176,15 +177,16 @@ class ModelQueue:
 
     def _fill_deadline(self) -> Optional[float]:
         """Under the lock: when to stop waiting for a fuller batch, or None to start now. It waits only
-        right after a batch (up to fill_wait_fraction of its model time, counted from its end) and
-        only while the next batch is not full."""
+        right after a batch of the same priority (up to fill_wait_fraction of its model time, counted from its
+        end: a long job batch does not hold back the interactive call that waited through it) and only while
+        the next batch is not full."""
         if not self.fill_wait_fraction or not self._last_batch_s:
             return None
         deadline = self._last_batch_end + self.fill_wait_fraction * self._last_batch_s
         if time.perf_counter() >= deadline:
             return None
-        _, batch, _, full = self._next_batch()
-        return deadline if batch and not full else None
+        priority, batch, _, full = self._next_batch()
+        return deadline if batch and not full and priority == self._last_priority else None
 
     def _take(self) -> tuple[int, list[_Entry], bool]:
         """Under the lock: take the next batch (see `_next_batch`) off the queue and mark it running."""
@@ -238,7 +240,7 @@ class ModelQueue:
         end = time.perf_counter()
         seconds, cpu_seconds = end - start, time.thread_time() - cpu_start
         with self._ready:
-            self._last_batch_s, self._last_batch_end = seconds, end
+            self._last_batch_s, self._last_batch_end, self._last_priority = seconds, end, priority
         failed = all(isinstance(out, BaseException) for out in outputs)
         # Each call's own exception (values, not one raised): the batch ran again call by call (run_joined,
         # run_grouped), so each failed at its own size, and the proof needs a call that large, not the batch.
