@@ -84,8 +84,8 @@ class PodNetwork:
     def state_file(self) -> Path:
         return STATE_DIR / f"{self.cluster_id}.json"
 
-    #: processes outside the namespaces that belong to this cluster (its Redis server)
-    extra_pids: list[int] = field(default_factory=list)
+    #: processes outside the namespaces that belong to this cluster (its Redis server): [pid, its start time]
+    extra_pids: list[list[int]] = field(default_factory=list)
 
     def _save(self) -> None:
         state_dir()
@@ -94,13 +94,14 @@ class PodNetwork:
 
     def own(self, pid: int) -> None:
         """Record a process outside the namespaces (killed by cleanup_stale if this run dies)."""
-        self.extra_pids.append(pid)
+        self.extra_pids.append([pid, started_at(pid)])
         self._save()
 
     def disown(self, pid: int) -> None:
         """Forget a recorded process that has exited (its pid may be reused)."""
-        self.extra_pids = [p for p in self.extra_pids if p != pid]
+        self.extra_pids = [p for p in self.extra_pids if p[0] != pid]
         self._save()
+
 
     def create_bridge(self) -> None:
         self.links.append(self.bridge)
@@ -183,6 +184,15 @@ def kill_namespace_processes(ns: str) -> list[int]:
     return pids
 
 
+def started_at(pid: int) -> int:
+    """When process `pid` started (clock ticks after boot; -1 if it is gone): a pid and its start time name one
+    process, where a pid alone may have been reused since it was recorded."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return -1
+    return int(stat[stat.rindex(")") + 2:].split()[19])
+
 def _remove(namespaces: list[str], links: list[str]) -> None:
     for ns in namespaces:
         _ip("netns", "delete", ns, check=False)  # its veth end goes with it, and the host end too
@@ -222,7 +232,10 @@ def _cleanup_stale() -> list[str]:
         data["links"] = [n for n in data.get("links", []) if OUR_NAME.fullmatch(str(n))]
         for ns in data.get("namespaces", []):
             kill_namespace_processes(ns)
-        for pid in data.get("extra_pids", []):
+        for recorded in data.get("extra_pids", []):
+            pid, start = recorded if isinstance(recorded, list) else (recorded, None)
+            if start is None or started_at(pid) != start:  # gone, or its pid is another process's now
+                continue
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:

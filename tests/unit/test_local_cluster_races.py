@@ -87,3 +87,33 @@ def test_two_runs_starting_at_once_do_not_remove_each_other_s_reservation(tmp_pa
     b.join(10)
     assert cluster_id == 1 and json.loads((state / "1.json").read_text())["pid"] == os.getpid()
     (state / "1.json").unlink()
+
+
+def test_a_dead_run_s_redis_is_killed_but_not_a_process_that_got_its_pid_since(tmp_path, monkeypatch):
+    """cleanup_stale SIGKILLed every pid a dead run had recorded: one reused since (hours later, another program's)
+    was killed too. A pid is now recorded with its start time, and killed only while both match."""
+    import json
+    import subprocess
+    import sys
+
+    state = tmp_path / "state"
+    monkeypatch.setattr(netns, "STATE_DIR", state)
+    monkeypatch.setattr(netns, "NETNS_ETC", tmp_path / "etc-netns")
+    monkeypatch.setattr(netns, "_ip", lambda *args, check=True: None)
+    monkeypatch.setattr(netns, "kill_namespace_processes", lambda ns: [])
+    monkeypatch.setattr(netns, "stale_groups", lambda cluster_id: [])
+    redis, stranger = (subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(2))
+    try:
+        network = netns.PodNetwork(netns.free_cluster_id())
+        network.own(redis.pid)
+        network.own(stranger.pid)
+        record = json.loads(network.state_file.read_text())
+        record["pid"] = 2 ** 22 - 1  # the run died
+        record["extra_pids"][1][1] -= 1  # this pid's process started at another time: reused since
+        network.state_file.write_text(json.dumps(record))
+        netns.cleanup_stale()
+        assert redis.wait(10) == -9 and stranger.poll() is None
+    finally:
+        for proc in (redis, stranger):
+            proc.kill()
+            proc.wait()
