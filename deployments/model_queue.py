@@ -13,7 +13,7 @@ import time
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 from .backends.libc import libc_function
 from .batching import RanAlone
@@ -43,7 +43,7 @@ class _Entry:
 
     __slots__ = ("item", "records", "compute", "cap", "future")
 
-    def __init__(self, item: Any, records: int, compute: Compute, cap: int):
+    def __init__(self, item: Any, records: int, compute: Compute, cap: Union[int, Callable[[], int]]):
         self.item, self.records, self.compute, self.cap = item, records, compute, cap
         self.future: Future = Future()
 
@@ -110,10 +110,10 @@ class ModelQueue:
         self._thread.start()
 
     def submit(self, compute: Compute, item: Any, records: int = 1, priority: int = Priority.INTERACTIVE,
-               cap: Optional[int] = None) -> Future:
-        """Queue one call; its future resolves to `(output, records of the batch it rode in, the
-        batch's start on time.perf_counter)`, or raises the call's exception."""
-        entry = _Entry(item, records, compute, records if cap is None else max(int(cap), 1))
+               cap: Union[int, Callable[[], int], None] = None) -> Future:
+        """Queue one call; its future resolves to `(output, records of its batch, the batch's start on perf_counter)`
+        or raises its exception. `cap`: the most records of a batch it starts (a function: read as the batch starts)."""
+        entry = _Entry(item, records, compute, records if cap is None else cap if callable(cap) else max(int(cap), 1))
         with self._ready:
             if self._closed:
                 raise RuntimeError("the model thread is shut down")
@@ -156,7 +156,7 @@ class ModelQueue:
         included), and whether the batch is full (at its cap, or the next such call does not fit)."""
         for priority in sorted(self._waiting):
             batch: list[_Entry] = []
-            records = spanned = 0
+            records = spanned = cap = 0
             full = False
             for entry in self._waiting[priority]:
                 if entry.future.cancelled():
@@ -164,14 +164,16 @@ class ModelQueue:
                     continue
                 if batch and entry.compute != batch[0].compute:
                     break
-                if batch and records + entry.records > batch[0].cap:
+                if batch and records + entry.records > cap:
                     full = True
                     break
+                if not batch:  # the cap as it is now (the live size may have backed off since the call was queued)
+                    cap = max(int(entry.cap()), 1) if callable(entry.cap) else entry.cap
                 batch.append(entry)
                 records += entry.records
                 spanned += 1
             if batch:
-                return priority, batch, spanned, full or records >= batch[0].cap
+                return priority, batch, spanned, full or records >= cap
             self._waiting[priority].clear()  # only cancelled calls were left
         return 0, [], 0, False
 

@@ -245,7 +245,7 @@ class ModelReplica:
         runs `compute` (on the model thread) over the calls it joins into one batch; returns the
         calls' futures (Serve hands each caller its own)."""
         self._loop = asyncio.get_running_loop()
-        cap = cap_for(priority, self.live_max_batch_size(), self.batch_config.background_max_batch_size)
+        cap = lambda: cap_for(priority, self.live_max_batch_size(), self.batch_config.background_max_batch_size)  # noqa
         return [self._model_thread.submit(compute, item, _records_of(item), priority, cap) for item in items]
 
     async def _enqueue_background(self, items: list[Any], compute: Compute) -> list[Future]:

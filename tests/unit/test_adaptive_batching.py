@@ -250,3 +250,31 @@ def test_a_batch_formed_before_a_back_off_does_not_back_off_again():
     assert s.observe(0.2, 8) == 4
     assert s.observe(0.2, 8) == 4 and s.observe(0.2, 6) == 4 and s.decreases == 1
     assert s.observe(0.2, 4) == 2  # a batch at the live size still counts
+
+
+def test_calls_queued_before_a_back_off_form_batches_of_the_live_size():
+    """A call carried the batch cap of when it was queued: after the SLO sizer halved the size, the calls waiting
+    through the slow batch still formed batches of the old size, each one slow again."""
+    import threading
+
+    from deployments.model_queue import ModelQueue
+
+    queue, computing, gate, batches, cap = ModelQueue("live-cap"), threading.Event(), threading.Event(), [], [8]
+
+    def compute(items):
+        batches.append(len(items))
+        computing.set()
+        gate.wait(10)
+        return items
+
+    try:
+        futures = [queue.submit(compute, "first", 1, cap=lambda: cap[0])]
+        assert computing.wait(10)
+        futures += [queue.submit(compute, i, 1, cap=lambda: cap[0]) for i in range(8)]  # queued at size 8
+        cap[0] = 4  # the size backed off while the first batch computed
+        gate.set()
+        for future in futures:
+            future.result(10)
+    finally:
+        queue.shutdown()
+    assert batches == [1, 4, 4]
