@@ -154,8 +154,7 @@ INFINITY_VENV := .bench-venvs/infinity
 $(VENV)/.installed-bench: $(VENV)/.installed scripts/install-system-deps
 	@# wrk: the load generator every contender gets (bench/compare/load.py).
 	scripts/install-system-deps wrk:wrk
-	@# (the lock's constraints, as every install here: the peers' packages must not move the project's pins)
-	$(BIN)/python -m pip install -q -c requirements.lock -e ".[bench]"
+	$(BIN)/python -m pip install -q -e ".[bench]"
 	touch $@
 
 # BentoML in its own venv: its pins must not move the project's.

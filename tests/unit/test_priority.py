@@ -286,8 +286,7 @@ def test_after_a_batch_the_model_waits_briefly_for_a_fuller_next_one():
 def test_the_fill_wait_ends_at_a_full_batch_and_never_delays_a_model_that_was_idle():
     queue = ModelQueue("test", fill_wait_fraction=1.0)
     with queue._ready:
-        queue._last_batch_s, queue._last_batch_end = 10.0, time.perf_counter()  # a 10 s batch just ended
-        queue._last_priority = Priority.INTERACTIVE
+        queue._last_batch_s, queue._last_batch_end, queue._last_priority = 10.0, time.perf_counter(), 0
         queue._waiting[Priority.INTERACTIVE] = deque()
         for _ in range(3):
             queue._waiting[Priority.INTERACTIVE].append(_Entry("x", 1, _run, cap=4))
@@ -295,9 +294,6 @@ def test_the_fill_wait_ends_at_a_full_batch_and_never_delays_a_model_that_was_id
         queue._waiting[Priority.INTERACTIVE].append(_Entry("x", 1, _run, cap=4))
         assert queue._fill_deadline() is None  # full: start now
         queue._waiting[Priority.INTERACTIVE].pop()
-        queue._last_priority = Priority.BACKGROUND  # the batch that just ended was a job's: its wait is not
-        assert queue._fill_deadline() is None        # the interactive calls' (a review: +0.2 s at fraction 0.2)
-        queue._last_priority = Priority.INTERACTIVE
         queue._last_batch_end -= 11.0  # idle for longer than the window
         assert queue._fill_deadline() is None
         queue._waiting.clear()
