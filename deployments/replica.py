@@ -1,9 +1,8 @@
 """What every model deployment shares: thread sizing, the intake into the model queue, batch knobs.
 
-A model deployment (Translator, Embedder, CustomModel) subclasses `ModelReplica`. Its pieces,
-each in its own module: the model thread and its queue (model_queue.py), interactive calls before
-job work (priority.py), health (health.py), metrics (metrics.py), the batch knobs of its
-`user_config` (batch_config.py) and the SLO-adaptive batch size (adaptive_batching.py).
+A model deployment (Translator, Embedder, CustomModel) subclasses `ModelReplica`. Its pieces, each in its own module:
+the model thread and its queue (model_queue.py), interactive calls before job work (priority.py), health (health.py),
+metrics (metrics.py), its `user_config`'s batch knobs (batch_config.py), the SLO-adaptive size (adaptive_batching.py).
 """
 
 from __future__ import annotations
@@ -278,9 +277,10 @@ class ModelReplica:
         self._stats["computed"] += done  # (not the records of calls that failed alone)
         self._stats["computed_background" if background else "computed_interactive"] += done
         self.metrics.observe_batch(outcome.records, outcome.seconds, outcome.failed_records)
-        # no evidence for the interactive size: job batches (capped apart), batches run again call by call
-        if (sizer := self._sizer) is not None and not background and not outcome.rerun:
-            sizer.observe(outcome.seconds, outcome.records, outcome.full)
+        # no evidence for the interactive size: job batches (capped apart), a rerun whose calls failed alone (bad
+        # inputs); a rerun whose calls all then succeeded failed at its size (out of memory): over the target
+        if (sizer := self._sizer) is not None and not background and not (outcome.rerun and outcome.failed_records):
+            sizer.observe(math.inf if outcome.rerun else outcome.seconds, outcome.records, outcome.full)
 
     def check_health(self) -> None:
         """Serve calls this every health_check_period_s; raising marks the replica unhealthy."""

@@ -244,8 +244,8 @@ class LocalCluster(DashboardView):
             kill_namespace_processes(node.namespace)
             node.reap()
         self.kill_redis()
+        self.cpu.remove()  # (before the network: removing that frees this cluster's id and cgroup name for others)
         self.network.remove()
-        self.cpu.remove()
         # Serve's logs (controller, proxies, replicas of every node) and Ray's own (GCS, raylets, agents,
         # dashboard; not the many worker logs) outlive the cluster, in the work folder.
         for logs in (self.workdir / "ray").glob("session_2*/logs"):

@@ -193,6 +193,13 @@ def started_at(pid: int) -> int:
         return -1
     return int(stat[stat.rindex(")") + 2:].split()[19])
 
+def _command(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
 def _remove(namespaces: list[str], links: list[str]) -> None:
     for ns in namespaces:
         _ip("netns", "delete", ns, check=False)  # its veth end goes with it, and the host end too
@@ -234,8 +241,8 @@ def _cleanup_stale() -> list[str]:
             kill_namespace_processes(ns)
         for recorded in data.get("extra_pids", []):
             pid, start = recorded if isinstance(recorded, list) else (recorded, None)
-            if start is None or started_at(pid) != start:  # gone, or its pid is another process's now
-                continue
+            if started_at(pid) != start if start is not None else _command(pid) != "redis-server":
+                continue  # gone, or its pid is another process's now (a record from before start times: by name)
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:

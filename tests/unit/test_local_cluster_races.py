@@ -53,7 +53,7 @@ def test_a_second_signal_while_a_starting_cluster_is_removed_does_not_cut_the_re
             timer.cancel()
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
-    assert removed == ["redis", "network", "cpu"]
+    assert removed == ["redis", "cpu", "network"]
 
 
 def test_two_runs_starting_at_once_do_not_remove_each_other_s_reservation(tmp_path, monkeypatch):
@@ -117,3 +117,45 @@ def test_a_dead_run_s_redis_is_killed_but_not_a_process_that_got_its_pid_since(t
         for proc in (redis, stranger):
             proc.kill()
             proc.wait()
+
+
+def test_a_record_from_before_start_times_kills_only_a_redis_server(tmp_path, monkeypatch):
+    """Records written before start times were kept hold bare pids: the Redis of such a crashed run is still killed
+    (a Redis left running keeps the next cluster's port), another program that got one of its pids is not."""
+    import json
+    import shutil
+    import subprocess
+
+    state = tmp_path / "state"
+    monkeypatch.setattr(netns, "STATE_DIR", state)
+    monkeypatch.setattr(netns, "_ip", lambda *args, check=True: None)
+    monkeypatch.setattr(netns, "kill_namespace_processes", lambda ns: [])
+    monkeypatch.setattr(netns, "stale_groups", lambda cluster_id: [])
+    shutil.copy(shutil.which("sleep"), tmp_path / "redis-server")  # its process is named redis-server
+    redis = subprocess.Popen([str(tmp_path / "redis-server"), "60"])
+    stranger = subprocess.Popen([shutil.which("sleep"), "60"])
+    try:
+        netns.state_dir()
+        (state / "1.json").write_text(json.dumps({"pid": 2 ** 22 - 1, "namespaces": [], "links": [],
+                                                  "extra_pids": [redis.pid, stranger.pid]}))
+        netns.cleanup_stale()
+        assert redis.wait(10) == -9 and stranger.poll() is None
+    finally:
+        for proc in (redis, stranger):
+            proc.kill()
+            proc.wait()
+
+
+def test_a_stopping_cluster_empties_its_cgroup_before_it_frees_its_id():
+    """Removing the network deletes the record, which frees the cluster's id: a run starting then took the id and put
+    its head in the cgroup of that name, which the stopping run then emptied and removed."""
+    from deploy.local_cluster import cluster as cl
+
+    order = []
+    stopping = cl.LocalCluster.__new__(cl.LocalCluster)
+    stopping.nodes, stopping.workdir, stopping.haproxy_dir = [], Path("/nonexistent-sa"), Path("/nonexistent-sa/h")
+    stopping.kill_redis = lambda: order.append("redis")
+    stopping.cpu = type("Cpu", (), {"remove": lambda self: order.append("cgroup")})()
+    stopping.network = type("Net", (), {"remove": lambda self: order.append("network")})()
+    stopping.stop()
+    assert order == ["redis", "cgroup", "network"]

@@ -183,9 +183,13 @@ def test_a_batch_run_again_call_by_call_is_no_evidence_for_the_adaptive_size():
     assert replica._sizer is not None  # target_p99_batch_latency_s: the SLO sizer is on
     seen = []
     replica._sizer.observe = lambda *args: seen.append(args)
-    for rerun in (True, False):
-        replica._record_batch(BatchOutcome(0, 16, 5.0, 5.0, failed=False, rerun=rerun))
+    for rerun in (True, False):  # (a rerun for one bad call: that call failed alone)
+        replica._record_batch(BatchOutcome(0, 16, 5.0, 5.0, failed=False, rerun=rerun, failed_records=int(rerun)))
     assert seen == [(5.0, 16, False)]
+    # A rerun whose calls all succeeded alone failed at its size (an out of memory): over the target, so the size
+    # backs off (skipped, it was kept for good and every batch of it failed again).
+    replica._record_batch(BatchOutcome(0, 16, 5.0, 5.0, failed=False, rerun=True, failed_records=0))
+    assert seen[-1] == (float("inf"), 16, False)
     replica._model_thread.shutdown()
 
 
