@@ -7,7 +7,19 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from deploy.local_cluster import netns
+
+
+@pytest.fixture
+def processes():
+    """Processes a test starts: killed after it, whatever happened."""
+    started: list = []
+    yield started
+    for proc in started:
+        proc.kill()
+        proc.wait()
 
 
 def test_a_second_signal_while_a_starting_cluster_is_removed_does_not_cut_the_removal_short(tmp_path, monkeypatch):
@@ -89,7 +101,7 @@ def test_two_runs_starting_at_once_do_not_remove_each_other_s_reservation(tmp_pa
     (state / "1.json").unlink()
 
 
-def test_a_dead_run_s_redis_is_killed_but_not_a_process_that_got_its_pid_since(tmp_path, monkeypatch):
+def test_a_dead_run_s_redis_is_killed_but_not_a_process_that_got_its_pid_since(tmp_path, monkeypatch, processes):
     """cleanup_stale SIGKILLed every pid a dead run had recorded: one reused since (hours later, another program's)
     was killed too. A pid is now recorded with its start time, and killed only while both match."""
     import json
@@ -103,23 +115,19 @@ def test_a_dead_run_s_redis_is_killed_but_not_a_process_that_got_its_pid_since(t
     monkeypatch.setattr(netns, "kill_namespace_processes", lambda ns: [])
     monkeypatch.setattr(netns, "stale_groups", lambda cluster_id: [])
     redis, stranger = (subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(2))
-    try:
-        network = netns.PodNetwork(netns.free_cluster_id())
-        network.own(redis.pid)
-        network.own(stranger.pid)
-        record = json.loads(network.state_file.read_text())
-        record["pid"] = 2 ** 22 - 1  # the run died
-        record["extra_pids"][1][1] -= 1  # this pid's process started at another time: reused since
-        network.state_file.write_text(json.dumps(record))
-        netns.cleanup_stale()
-        assert redis.wait(10) == -9 and stranger.poll() is None
-    finally:
-        for proc in (redis, stranger):
-            proc.kill()
-            proc.wait()
+    processes += [redis, stranger]
+    network = netns.PodNetwork(netns.free_cluster_id())
+    network.own(redis.pid)
+    network.own(stranger.pid)
+    record = json.loads(network.state_file.read_text())
+    record["pid"] = 2 ** 22 - 1  # the run died
+    record["extra_pids"][1][1] -= 1  # this pid's process started at another time: reused since
+    network.state_file.write_text(json.dumps(record))
+    netns.cleanup_stale()
+    assert redis.wait(10) == -9 and stranger.poll() is None
 
 
-def test_a_record_from_before_start_times_kills_only_a_redis_server(tmp_path, monkeypatch):
+def test_a_record_from_before_start_times_kills_only_a_redis_server(tmp_path, monkeypatch, processes):
     """Records written before start times were kept hold bare pids: the Redis of such a crashed run is still killed
     (a Redis left running keeps the next cluster's port), another program that got one of its pids is not."""
     import json
@@ -134,16 +142,12 @@ def test_a_record_from_before_start_times_kills_only_a_redis_server(tmp_path, mo
     shutil.copy(shutil.which("sleep"), tmp_path / "redis-server")  # its process is named redis-server
     redis = subprocess.Popen([str(tmp_path / "redis-server"), "60"])
     stranger = subprocess.Popen([shutil.which("sleep"), "60"])
-    try:
-        netns.state_dir()
-        (state / "1.json").write_text(json.dumps({"pid": 2 ** 22 - 1, "namespaces": [], "links": [],
-                                                  "extra_pids": [redis.pid, stranger.pid]}))
-        netns.cleanup_stale()
-        assert redis.wait(10) == -9 and stranger.poll() is None
-    finally:
-        for proc in (redis, stranger):
-            proc.kill()
-            proc.wait()
+    processes += [redis, stranger]
+    netns.state_dir()
+    (state / "1.json").write_text(json.dumps({"pid": 2 ** 22 - 1, "namespaces": [], "links": [],
+                                              "extra_pids": [redis.pid, stranger.pid]}))
+    netns.cleanup_stale()
+    assert redis.wait(10) == -9 and stranger.poll() is None
 
 
 def test_a_stopping_cluster_empties_its_cgroup_before_it_frees_its_id():
