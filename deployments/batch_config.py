@@ -132,6 +132,7 @@ EMBEDDER_BATCH = BatchConfig(max_batch_size=64, batch_wait_timeout_s=0.0, max_ba
 #: small tabular models (microseconds per row), and each deployment's user_config retunes it.
 CUSTOM_MODEL_BATCH = BatchConfig(max_batch_size=64, batch_wait_timeout_s=0.01)
 
+
 def default_batch(deployment: str) -> BatchConfig:
     """The batch config a model deployment runs with when its config entry sets no user_config."""
     return {"Translator": TRANSLATOR_BATCH, "Embedder": EMBEDDER_BATCH}.get(deployment, CUSTOM_MODEL_BATCH)

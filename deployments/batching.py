@@ -23,8 +23,8 @@ K = TypeVar("K", bound=Hashable)
 
 class RanAlone(list):
     """A batch's outputs after its joined call raised and each call ran again alone (each output a result or that
-    call's exception): its time is not one batch's, and its size failed even if every call then succeeded (an out
-    of memory), so ModelQueue reports it `rerun` and the adaptive sizer does not grow on it."""
+    call's exception): its time is not one batch's, so ModelQueue reports it `rerun`. If every call then succeeded,
+    its size failed (an out of memory), and the adaptive sizer counts it over its target (ModelReplica)."""
 
 
 class Chunk(NamedTuple):

@@ -98,8 +98,8 @@ def check_config(config: dict[str, Any]) -> list[str]:
         problems += _unknown(app, ServeApplicationSchema.model_fields, where)
         if isinstance(app.get("runtime_env"), dict):
             problems += reject_secrets_in_env_vars(app["runtime_env"].get("env_vars"), f"{where}.runtime_env")
-        settings = None
-        if is_builder(app.get("import_path")) and isinstance(app.get("args") or {}, dict):  # (else Serve's said)
+        settings, ours = None, is_builder(app.get("import_path"))
+        if ours and isinstance(app.get("args") or {}, dict):  # (else Serve's said)
             try:
                 reject_secrets_in_args(app.get("args"))
             except ValueError as exc:
@@ -122,12 +122,12 @@ def check_config(config: dict[str, Any]) -> list[str]:
             dname = dep.get("name", "?")
             dwhere = f"{where}.deployments[{dname}]"
             problems += _unknown(dep, DeploymentSchema.model_fields, dwhere)
-            if is_builder(app.get("import_path")) and dname in placed:
+            if ours and dname in placed:
                 problems.append(
                     f"{dwhere}: args.{placed[dname]}.placement is 'ingress', so the app has no {dname} deployment "
                     f"(Serve would refuse the config): remove this entry; its batch knobs go in the Ingress's "
                     f"user_config under {dname!r}, its CPUs in the Ingress's ray_actor_options")
-            elif is_builder(app.get("import_path")) and dname not in names:
+            elif ours and dname not in names:
                 problems.append(f"{dwhere}: no deployment named {dname!r} (deployments: {', '.join(names)})")
             if dname == "Ingress" and settings is not None and "user_config" in dep:
                 problems += _placed_batch_configs(dep["user_config"], placed, dwhere)

@@ -35,8 +35,9 @@ class Readiness:
         """Each model deployment's state: `ready`, or why not. /readyz needs no key, so a flood of it must
         cost neither calls nor connections: a caller that finds no probe running starts one and waits for it;
         callers while one runs share it, and get the last probe's answer at once if that probe began at most two
-        probes' longest time (2 x 2 x timeout_s) + 1 s ago. Else a probe of busy models (up to 2 x timeout_s) held each caller's connection,
-        and keyless callers could fill every slot HAProxy gives an Ingress replica (serve_app/proxy_shedding.py)."""
+        probes' longest time (2 x 2 x timeout_s) + 1 s ago. Else a probe of busy models (up to 2 x timeout_s)
+        held each caller's connection, and keyless callers could fill every slot HAProxy gives an Ingress
+        replica (serve_app/proxy_shedding.py)."""
         if self._probing is None or self._probing.done():
             began = time.monotonic()  # (what it finds is as old as its start: a deployment may answer at once)
             self._probing = asyncio.ensure_future(self._states(clients))

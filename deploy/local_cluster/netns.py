@@ -102,7 +102,6 @@ class PodNetwork:
         self.extra_pids = [p for p in self.extra_pids if p[0] != pid]
         self._save()
 
-
     def create_bridge(self) -> None:
         self.links.append(self.bridge)
         self._save()
@@ -192,6 +191,7 @@ def started_at(pid: int) -> int:
     except OSError:
         return -1
     return int(stat[stat.rindex(")") + 2:].split()[19])
+
 
 def _command(pid: int) -> str:
     try:
