@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 from collections import deque
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
@@ -31,7 +31,7 @@ from .backends.base import BackendError
 from .backends.continuous_decoder import DecodeRequest
 from .backends.heap import DECODING_TRIM_AFTER_TOKENS, trim_after_batch
 from .backends.segments import mark_cut
-from .errors import deliverable
+from .errors import settle
 from .priority import Priority
 
 logger = logging.getLogger("ray.serve")
@@ -157,37 +157,47 @@ class ContinuousScheduler:
 
     # ------------------------------------------------------------------ the decoding thread
 
-    def _admit(self) -> list[DecodeRequest]:
-        """Under the lock: take the waiting sequences that join before the next step (priority order,
-        then arrival order; stops at the first that does not fit, so long ones are not starved)."""
-        joining = self._joining = []  # failed with the rest if an error stops the thread
-        room = self.max_running_sequences - self.decoder.running
+    def _admissible(self) -> list[DecodeRequest]:
+        """Under the lock: the waiting sequences that would join before the next step (priority order, then
+        arrival order; stops at the first that does not fit, so long ones are not starved). Done calls' skipped."""
+        joining, room = [], self.max_running_sequences - self.decoder.running
         cap = self.max_background_sequences
         background_room = None if cap is None else cap - sum(
             r.request.tag[0].priority >= Priority.BACKGROUND for r in self.decoder.rows)
         for priority in sorted(self._waiting):
-            queue = self._waiting[priority]
-            while queue:
-                request = queue[0]
+            for request in self._waiting[priority]:
                 if request.tag[0].future.done():  # cancelled, or failed by a step another of its sequences ran
-                    queue.popleft()
-                    self._dropped += request.tag[0].future.cancelled()
                     continue
                 background = priority >= Priority.BACKGROUND and background_room is not None
                 if room <= 0 or (background and background_room <= 0) or not self._fits(joining + [request]):
                     return joining
-                joining.append(queue.popleft())
+                joining.append(request)
                 room -= 1
                 if background:
                     background_room -= 1
         return joining
 
+    def _admit(self) -> list[DecodeRequest]:
+        """Under the lock: take the admissible sequences out of the queue, and the done calls' ones before them."""
+        joining = self._joining = self._admissible()  # failed with the rest if an error stops the thread
+        taken = iter(joining)
+        following = next(taken, None)
+        for priority in sorted(self._waiting):
+            queue = self._waiting[priority]
+            while queue and (queue[0] is following or queue[0].tag[0].future.done()):
+                if (request := queue.popleft()) is following:
+                    following = next(taken, None)
+                else:
+                    self._dropped += request.tag[0].future.cancelled()
+        return joining
+
     def _many_can_join(self) -> bool:
-        """Under the lock: the batch is empty, or half of max_running_sequences or more could join now."""
+        """Under the lock: the batch is empty, or half of max_running_sequences or more would join now (not
+        counting waiting sequences that a cap holds back or whose call is done: they are no reason to rebuild)."""
         if not self.decoder.running:
             return True
-        can_join = min(self.max_running_sequences - self.decoder.running, sum(map(len, self._waiting.values())))
-        return 2 * can_join >= self.max_running_sequences
+        room = self.max_running_sequences - self.decoder.running
+        return 2 * room >= self.max_running_sequences and 2 * len(self._admissible()) >= self.max_running_sequences
 
     def _fits(self, joining: list[DecodeRequest]) -> bool:
         if self.max_cached_tokens is None or (self.decoder.running == 0 and len(joining) == 1):
@@ -262,13 +272,13 @@ class ContinuousScheduler:
             result = (mark_cut(self.backend.decode_rows(call.outputs), cut), call.batch)
         except Exception as exc:  # noqa: BLE001
             result = exc
-        _settle(call.future, result)
+        settle(call.future, result)
 
     def _fail_running(self, error: BaseException, extra: Sequence[DecodeRequest] = ()) -> None:
         calls = {id(r.request.tag[0]): r.request.tag[0] for r in self.decoder.rows}
         calls.update({id(r.tag[0]): r.tag[0] for r in extra})
         for call in calls.values():
-            _settle(call.future, error)
+            settle(call.future, error)
         try:
             self.decoder.drop({r.request.tag for r in self.decoder.rows})
         except Exception:  # noqa: BLE001 - e.g. no memory to reshuffle the caches: start again from empty ones
@@ -288,13 +298,3 @@ class ContinuousScheduler:
         except Exception:  # pragma: no cover - bookkeeping must never stop decoding
             logger.exception("continuous decoding bookkeeping failed")
 
-
-def _settle(future: Future, outcome) -> None:
-    """Set a call's result or exception unless its caller cancelled it meanwhile."""
-    try:
-        if isinstance(outcome, BaseException):
-            future.set_exception(deliverable(outcome))
-        else:
-            future.set_result(outcome)
-    except InvalidStateError:  # cancelled by its caller between the check and now
-        pass

@@ -9,6 +9,7 @@ exception's message: model code may put the request's texts in it.
 from __future__ import annotations
 
 import traceback
+from concurrent.futures import Future, InvalidStateError
 
 
 class ModelContractError(RuntimeError):
@@ -24,6 +25,17 @@ def deliverable(exc: BaseException) -> BaseException:
     wrapped = RuntimeError(f"the model raised {type(exc).__name__}")
     wrapped.__cause__ = exc
     return wrapped
+
+
+def settle(future: Future, outcome) -> None:
+    """Set a call's result, or its exception (`outcome` one, made deliverable), unless its caller cancelled it."""
+    try:
+        if isinstance(outcome, BaseException):
+            future.set_exception(deliverable(outcome))
+        else:
+            future.set_result(outcome)
+    except InvalidStateError:  # cancelled by its caller between the check and now
+        pass
 
 
 def describe_exception(exc: BaseException) -> str:

@@ -83,20 +83,6 @@ def test_concurrent_calls_get_what_static_generate_gives(scheduler_for):
     assert max(o.running for o in steps.outcomes) <= 5  # outcome is reported after its callers' answers
 
 
-def test_join_interval_steps_joins_every_n_steps_and_changes_no_output(scheduler_for):
-    steps = Steps()
-    scheduler, backend = scheduler_for(on_step=steps, max_running_sequences=6, join_interval_steps=4)
-    calls = [TEXTS[i:i + n] for i, n in ((0, 1), (1, 3), (3, 2), (2, 5), (0, 7), (4, 1), (1, 2))]
-    with ThreadPoolExecutor(4) as pool:
-        futures = list(pool.map(lambda texts: scheduler.submit(texts, "en", "de"), calls))
-    assert [f.result(timeout=60)[0] for f in futures] == [[backend.translate([t], "en", "de")[0] for t in texts]
-                                                          for texts in calls]
-    # into a running batch, fewer than half a batch (3) join only every 4th step
-    joins = {i: o for i, o in enumerate(steps.outcomes) if o.joined}
-    few = [i for i, o in joins.items() if o.running > o.joined and 2 * o.joined < 6]
-    assert few and all(i - max(j for j in joins if j < i) >= 4 for i in few)
-
-
 def test_cached_token_cap_holds_and_a_lone_sequence_always_runs(scheduler_for):
     scheduler, backend = scheduler_for(max_cached_tokens=60)
     seen = []
@@ -112,31 +98,6 @@ def test_cached_token_cap_holds_and_a_lone_sequence_always_runs(scheduler_for):
         future.result(timeout=60)
     assert all(projected <= 60 for running, projected in seen if running > 1)
     assert any(running == 1 and projected > 60 for running, projected in seen)
-
-
-def test_the_cached_token_cap_holds_when_joining_every_n_steps(make_backend, tiny_marian_dir):
-    """Joining every 8 steps, a finished row stays in the batch until the next rebuild while the self columns
-    grow: a sentence admitted at exactly the cap pushed the caches 6 slots past it (60, 62, 64 of 58)."""
-    steps = Steps()
-    scheduler = ContinuousScheduler(make_backend(tiny_marian_dir), max_running_sequences=8, max_cached_tokens=58,
-                                    max_new_tokens=40, join_interval_steps=8, on_step=steps)
-    scheduler.limits = lambda text, ids: (20, 20)
-    seen, step = [], scheduler.decoder.step
-
-    def checked_step(**kwargs):
-        finished = step(**kwargs)
-        if len(scheduler.decoder._rows) > 1:
-            seen.append(scheduler.decoder.cached_tokens())
-        return finished
-    scheduler.decoder.step = checked_step
-    try:
-        first = scheduler.submit(["Hello there."], "en", "de")
-        steps.wait(lambda _: len(steps.outcomes) >= 5)  # the first is well into its 20 tokens
-        second = scheduler.submit(["Hello there."], "en", "de")
-        assert first.result(timeout=60)[0] == second.result(timeout=60)[0]
-    finally:
-        scheduler.shutdown()
-    assert all(cached <= 58 for cached in seen), seen
 
 
 def test_interactive_calls_join_before_waiting_job_records(scheduler_for):
