@@ -56,7 +56,7 @@ class CustomModel(ModelReplica):
         order and the size (in inputs) of the largest batch they rode in.
 
         `background=True` (job work) queues them behind interactive requests."""
-        items = [self.module.Input.model_validate(item) for item in inputs]
+        items = [self.module.parse_input(item) for item in inputs]
         batched = self._predict_background_batch if background else self._predict_batch
         results = await self._submit_pieces(batched, items, list)  # pieces of the live batch size
         return [out for outputs, _ in results for out in outputs], max(size for _, size in results)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
 import re
 from dataclasses import dataclass
 from types import ModuleType
@@ -62,6 +63,11 @@ class ModelModule:
             raise ValueError(
                 f"options {options!r} do not fit {self.path}.load{signature}: {exc}"
             ) from None
+
+    def parse_input(self, item: Any) -> BaseModel:
+        """One input as the client sent it (parsed JSON), validated in pydantic's JSON mode: a strict `Input`
+        then takes dates, UUIDs and enum values as the strings JSON carries them in (Python mode refused them)."""
+        return self.Input.model_validate_json(json.dumps(item, allow_nan=False))
 
 
 def _is_model_class(value: Any) -> bool:

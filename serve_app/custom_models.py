@@ -46,7 +46,7 @@ class CustomModel:
                 errors += bad
                 continue
             try:
-                validated = self.module.Input.model_validate(raw)
+                validated = self.module.parse_input(raw)
                 # ... nor as strings ("NaN", "-inf", "1e400"), which a lax float field turns into them
                 if bad := _non_finite_errors(i, validated.model_dump()):
                     errors += bad

@@ -3,9 +3,12 @@ raise what pydantic does not wrap, schemas JSON Schema cannot describe, `describ
 
 from __future__ import annotations
 
+import datetime
+import enum
 import json
 import sys
 import types
+import uuid
 
 import numpy as np
 import pytest
@@ -40,6 +43,18 @@ class Arbitrary(BaseModel):
     x: np.ndarray
 
 
+class Colour(enum.Enum):
+    RED = "red"
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(strict=True)
+    when: datetime.date
+    key: uuid.UUID
+    colour: Colour
+    x: float
+
+
 def _module(monkeypatch, name: str, Input=Measured, describe=None) -> str:
     module = types.ModuleType(name)
     module.Input, module.Output = Input, Out
@@ -68,6 +83,23 @@ def test_nan_and_infinity_are_refused_where_they_are(monkeypatch):
     for text in ("NaN", "-inf", "Infinity", "1e400"):  # strings a lax float field turns into them
         with pytest.raises(InvalidRequest, match="inputs.0.x: must be a finite number"):
             model.validate([{"x": text}])
+
+
+def test_a_strict_input_takes_dates_uuids_and_enums_as_json_carries_them(monkeypatch, loop):
+    """Validated in Python mode, a strict Input refused every date, UUID and enum value a JSON client can send."""
+    model = _ingress(monkeypatch, Input=Strict)
+    item = {"when": "2026-11-30", "key": "12345678-1234-5678-1234-567812345678", "colour": "red", "x": 1}
+    assert model.validate([item]) == [item]
+    for bad, field in (({**item, "when": "30/11/2026"}, "when"), ({**item, "colour": "blue"}, "colour"),
+                       ({**item, "x": "1.5"}, "x")):  # strict: no number in a string
+        with pytest.raises(InvalidRequest, match=f"inputs.0.{field}"):
+            model.validate([bad])
+    seen = []
+    name = _module(monkeypatch, "byom_strict", Input=Strict)
+    sys.modules[name].predict = lambda m, inputs: seen.extend(inputs) or [Out(y=1.0) for _ in inputs]
+    replica = CustomModel.func_or_class({"name": "s", "module": name})
+    assert loop.run_until_complete(replica.predict([item]))[0] == [{"y": 1.0}]
+    assert seen == [Strict(when=datetime.date(2026, 11, 30), key=uuid.UUID(item["key"]), colour=Colour.RED, x=1.0)]
 
 
 def test_a_validator_s_own_type_error_is_a_422_naming_the_input(monkeypatch):
