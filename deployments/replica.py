@@ -1,7 +1,7 @@
 """What every model deployment shares: thread sizing, the intake into the model queue, batch knobs.
 
 A model deployment (Translator, Embedder, CustomModel) subclasses `ModelReplica`. Its pieces, each in its own module:
-the model thread and its queue (model_queue.py), interactive calls before job work (priority.py), health (health.py),
+the intake through `@serve.batch` (intake.py), the model thread and its queue (model_queue.py), interactive calls before job work (priority.py), health (health.py),
 metrics (metrics.py), its `user_config`'s batch knobs (batch_config.py), the SLO-adaptive size (adaptive_batching.py).
 """
 
@@ -11,7 +11,6 @@ import asyncio
 import logging
 import math
 import time
-import types
 from concurrent.futures import Future
 from typing import Any, Callable, Optional
 
@@ -19,11 +18,19 @@ from .adaptive_batching import AIMDBatchSizer, AIMDSettings
 from .batch_config import BatchConfig, parse_batch_config
 from .batching import gather_or_cancel, split
 from .health import ReplicaHealth
+from .intake import TrackedBatchMethod, own_queue, records_of
 from .metrics import ReplicaMetrics
 from .model_queue import BatchOutcome, Compute, ModelQueue
 from .priority import InteractiveGate, Priority, cap_for, priority_of
 
 logger = logging.getLogger("ray.serve")
+
+
+def _running_loop() -> Optional[asyncio.AbstractEventLoop]:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 def cpu_share(default: float = 1.0) -> float:
@@ -45,104 +52,7 @@ def threads_for_share(share: float, override: Optional[int] = None) -> int:
     return max(1, math.ceil(share - 1e-9))
 
 
-class _TrackedBatchMethod:
-    """Wraps a replica's `@serve.batch` method (the intake: it hands each call to the model queue and
-    returns the call's model-queue future) and awaits the call's result: `(output, records of the
-    batch it rode in)`. Counts calls cancelled before their batch started (never computed) and
-    observes how long each waited.
-
-    Attribute access (set_max_batch_size, ...) goes to the wrapped method.
-    """
-
-    def __init__(self, replica: "ModelReplica", method: Any, priority: Priority = Priority.INTERACTIVE):
-        self._replica = replica
-        self._method = method
-        self._priority = priority
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._method, name)
-
-    async def __call__(self, item: Any, counted: bool = False) -> Any:
-        """`counted`: the records were counted enqueued already (a piece cut again after the intake
-        refused it for a live batch size that shrank: `ModelReplica._submit_pieces`)."""
-        replica = self._replica
-        records = _records_of(item)
-        enqueued_at = time.perf_counter()
-        if not counted:
-            self._count_enqueued(records)
-        interactive = self._priority == Priority.INTERACTIVE
-        if interactive:
-            replica.interactive.enter()
-        queued: Optional[Future] = None
-        # Shielded: a call cancelled in Serve's intake may already have been handed to the model queue
-        # (its batch ran, this coroutine not yet resumed); the intake then finishes and the call is
-        # dropped from the model queue there, so that a record is counted either computed or dropped.
-        intake = asyncio.ensure_future(self._intake(item))
-        try:
-            queued = await asyncio.shield(intake)
-            output, batch_records, started_at = await asyncio.wrap_future(queued)
-            replica.metrics.observe_queue_wait(started_at - enqueued_at)
-            return output, batch_records
-        except asyncio.CancelledError:
-            if queued is None:
-                intake.add_done_callback(lambda done: self._drop(done, records))
-            elif queued.cancelled():  # in the model queue and not started: dropped, never computed
-                self._count_dropped(records)
-            raise
-        finally:
-            if interactive:
-                replica.interactive.leave()
-
-    async def _intake(self, item: Any) -> Future:
-        """Through `@serve.batch`, or, for an interactive call alone on the replica, straight to the
-        model queue as a batch of one (`skip_batch_wait_when_alone`). One loop turn first: calls that
-        arrived together are all counted by then, and batch as before."""
-        replica = self._replica
-        if self._priority == Priority.INTERACTIVE and replica.batch_config.skip_batch_wait_when_alone:
-            await asyncio.sleep(0)
-            if replica.interactive.calls == 1 and replica._model_thread.alone():
-                return (await self._method.__wrapped__(replica, [item]))[0]
-        return await self._method(item)
-
-    def _count_enqueued(self, records: int) -> None:
-        self._replica._stats["enqueued"] += records
-        self._replica.metrics.count_enqueued(records)
-
-    def _drop(self, intake: "asyncio.Future[Future]", records: int) -> None:
-        """A call cancelled in the intake, once the intake is done: dropped unless its batch started."""
-        if intake.cancelled():  # the intake itself was cancelled (shutdown): never reached the model
-            self._count_dropped(records)
-        elif intake.exception() is None and intake.result().cancel():
-            self._count_dropped(records)
-
-    def _count_dropped(self, records: int) -> None:
-        self._replica._stats["cancelled"] += records
-        self._replica.metrics.count_cancelled(records)
-
-
 SERVE_REFUSED_ITEM = "Size of item is greater than max_batch_size"  # Serve 2.60's refusal (ray/serve/batching.py)
-
-
-def _own_queue(method: Any, replica: Any) -> Any:
-    """`method` (a `@serve.batch` method of the replica's class) with a batch queue of this object's own.
-    Serve keeps one queue per decorated function, shared by every object of the class, and runs a batch
-    with its first call's object: two of your own models placed in one Ingress computed each other's
-    calls, and reconfiguring one resized the other's queue."""
-    from ray import serve
-
-    settings = method.set_max_batch_size.__self__  # Serve's _LazyBatchQueueWrapper: the decorator's knobs
-    own = serve.batch(max_batch_size=settings.max_batch_size, batch_wait_timeout_s=settings.batch_wait_timeout_s,
-                      max_concurrent_batches=settings.max_concurrent_batches,
-                      batch_size_fn=settings.batch_size_fn)(method.__wrapped__)
-    return types.MethodType(own, replica)
-
-
-def _records_of(item: Any) -> int:
-    texts = getattr(item, "texts", item)
-    try:
-        return len(texts)
-    except TypeError:  # pragma: no cover
-        return 1
 
 
 class ModelReplica:
@@ -168,7 +78,7 @@ class ModelReplica:
         # Interactive calls queued or computing; background batches wait until there are none.
         self.interactive = InteractiveGate()
         for method in self._batched_methods():
-            setattr(self, method.__name__, _TrackedBatchMethod(self, _own_queue(method, self), priority_of(method)))
+            setattr(self, method.__name__, TrackedBatchMethod(self, own_queue(method, self), priority_of(method)))
         self.batch_config = self.default_batch
         self._sizer: Optional[AIMDBatchSizer] = None  # SLO-adaptive batch size, when configured
         self._apply_batch_config()
@@ -183,7 +93,8 @@ class ModelReplica:
         model thread's CPU seconds in model calls (`model_cpu_s`)."""
         return dict(self._stats)
 
-    def _apply_batch_config(self) -> None:
+    def _apply_batch_config(self, batch_config: Optional[BatchConfig] = None) -> None:
+        self.batch_config = batch_config or self.batch_config
         self._model_thread.fill_wait_fraction = self.batch_config.batch_fill_wait_fraction
         for method in self._batched_methods():
             method.set_max_batch_size(self._size_for(method, self.batch_config.max_batch_size))
@@ -234,10 +145,20 @@ class ModelReplica:
         return [result for piece in pieces for result in piece]
 
     def reconfigure(self, user_config: dict) -> None:
-        """Serve calls this with the deployment's user_config at start and on every `serve deploy`."""
-        self.batch_config = parse_batch_config(user_config, self.deployment_name)
-        self._apply_batch_config()
-        logger.info("%s batch config: %s", self.deployment_name, self.batch_config.model_dump())
+        """Serve calls this with the deployment's user_config at start and on every `serve deploy`, on a worker
+        thread. Once calls have come, the new knobs are applied on the replica's loop, where the adaptive sizer
+        sets the live size after each batch: applied on the worker thread, a size set between the two could leave
+        Serve's queue at another size than the live one."""
+        batch_config = parse_batch_config(user_config, self.deployment_name)
+        loop = self._loop
+        if loop is None or not loop.is_running() or _running_loop() is loop:
+            self._apply_batch_config(batch_config)
+        else:  # waits at most as long as Serve's own reconfigure timeout would let it
+            asyncio.run_coroutine_threadsafe(self._apply_on_loop(batch_config), loop).result(timeout=60)
+        logger.info("%s batch config: %s", self.deployment_name, batch_config.model_dump())
+
+    async def _apply_on_loop(self, batch_config: BatchConfig) -> None:
+        self._apply_batch_config(batch_config)
 
     def _enqueue(self, items: list[Any], compute: Compute, priority: Priority = Priority.INTERACTIVE) -> list[Future]:
         """The body of a `@serve.batch` intake method: hand each call to the model queue, which
@@ -245,7 +166,7 @@ class ModelReplica:
         calls' futures (Serve hands each caller its own)."""
         self._loop = asyncio.get_running_loop()
         cap = lambda: cap_for(priority, self.live_max_batch_size(), self.batch_config.background_max_batch_size)  # noqa
-        return [self._model_thread.submit(compute, item, _records_of(item), priority, cap) for item in items]
+        return [self._model_thread.submit(compute, item, records_of(item), priority, cap) for item in items]
 
     async def _enqueue_background(self, items: list[Any], compute: Compute) -> list[Future]:
         """`_enqueue` for job work, once no interactive call is queued or computing on this replica:

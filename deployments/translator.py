@@ -56,8 +56,8 @@ class Translator(ModelReplica):
         logger.info("Translator ready: backend=%s model=%s threads=%d scheduling=%s",
                     self.backend.name, self.backend.model_id, threads, self.settings.scheduling)
 
-    def _apply_batch_config(self) -> None:
-        super()._apply_batch_config()
+    def _apply_batch_config(self, batch_config=None) -> None:
+        super()._apply_batch_config(batch_config)
         if getattr(self, "_continuous", None) is not None:
             self._continuous.apply(self.batch_config)
 

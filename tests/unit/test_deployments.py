@@ -211,12 +211,12 @@ def _tracked(intake):
     from types import SimpleNamespace
 
     from deployments.priority import InteractiveGate
-    from deployments.replica import _TrackedBatchMethod
+    from deployments.intake import TrackedBatchMethod
 
     replica = SimpleNamespace(_stats={"enqueued": 0, "cancelled": 0}, metrics=_CountingMetrics(),
                               interactive=InteractiveGate(),
                               batch_config=SimpleNamespace(skip_batch_wait_when_alone=False))
-    return _TrackedBatchMethod(replica, intake), replica
+    return TrackedBatchMethod(replica, intake), replica
 
 
 @pytest.mark.parametrize("batched_before_cancel", [False, True])

@@ -1,0 +1,113 @@
+"""A model replica's intake: its `@serve.batch` methods, each with a queue of the replica's own, wrapped so that
+every call is counted (enqueued, computed, dropped), timed in the queue and, alone on the replica, sent straight
+to the model queue. deployments/replica.py wires them in."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import types
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any, Optional
+
+from .priority import Priority
+
+if TYPE_CHECKING:
+    from .replica import ModelReplica
+
+
+class TrackedBatchMethod:
+    """Wraps a replica's `@serve.batch` method (the intake: it hands each call to the model queue and
+    returns the call's model-queue future) and awaits the call's result: `(output, records of the
+    batch it rode in)`. Counts calls cancelled before their batch started (never computed) and
+    observes how long each waited.
+
+    Attribute access (set_max_batch_size, ...) goes to the wrapped method.
+    """
+
+    def __init__(self, replica: "ModelReplica", method: Any, priority: Priority = Priority.INTERACTIVE):
+        self._replica = replica
+        self._method = method
+        self._priority = priority
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._method, name)
+
+    async def __call__(self, item: Any, counted: bool = False) -> Any:
+        """`counted`: the records were counted enqueued already (a piece cut again after the intake
+        refused it for a live batch size that shrank: `ModelReplica._submit_pieces`)."""
+        replica = self._replica
+        records = records_of(item)
+        enqueued_at = time.perf_counter()
+        if not counted:
+            self._count_enqueued(records)
+        interactive = self._priority == Priority.INTERACTIVE
+        if interactive:
+            replica.interactive.enter()
+        queued: Optional[Future] = None
+        # Shielded: a call cancelled in Serve's intake may already have been handed to the model queue
+        # (its batch ran, this coroutine not yet resumed); the intake then finishes and the call is
+        # dropped from the model queue there, so that a record is counted either computed or dropped.
+        intake = asyncio.ensure_future(self._intake(item))
+        try:
+            queued = await asyncio.shield(intake)
+            output, batch_records, started_at = await asyncio.wrap_future(queued)
+            replica.metrics.observe_queue_wait(started_at - enqueued_at)
+            return output, batch_records
+        except asyncio.CancelledError:
+            if queued is None:
+                intake.add_done_callback(lambda done: self._drop(done, records))
+            elif queued.cancelled():  # in the model queue and not started: dropped, never computed
+                self._count_dropped(records)
+            raise
+        finally:
+            if interactive:
+                replica.interactive.leave()
+
+    async def _intake(self, item: Any) -> Future:
+        """Through `@serve.batch`, or, for an interactive call alone on the replica, straight to the
+        model queue as a batch of one (`skip_batch_wait_when_alone`). One loop turn first: calls that
+        arrived together are all counted by then, and batch as before."""
+        replica = self._replica
+        if self._priority == Priority.INTERACTIVE and replica.batch_config.skip_batch_wait_when_alone:
+            await asyncio.sleep(0)
+            if replica.interactive.calls == 1 and replica._model_thread.alone():
+                return (await self._method.__wrapped__(replica, [item]))[0]
+        return await self._method(item)
+
+    def _count_enqueued(self, records: int) -> None:
+        self._replica._stats["enqueued"] += records
+        self._replica.metrics.count_enqueued(records)
+
+    def _drop(self, intake: "asyncio.Future[Future]", records: int) -> None:
+        """A call cancelled in the intake, once the intake is done: dropped unless its batch started."""
+        if intake.cancelled():  # the intake itself was cancelled (shutdown): never reached the model
+            self._count_dropped(records)
+        elif intake.exception() is None and intake.result().cancel():
+            self._count_dropped(records)
+
+    def _count_dropped(self, records: int) -> None:
+        self._replica._stats["cancelled"] += records
+        self._replica.metrics.count_cancelled(records)
+
+
+def own_queue(method: Any, replica: Any) -> Any:
+    """`method` (a `@serve.batch` method of the replica's class) with a batch queue of this object's own.
+    Serve keeps one queue per decorated function, shared by every object of the class, and runs a batch
+    with its first call's object: two of your own models placed in one Ingress computed each other's
+    calls, and reconfiguring one resized the other's queue."""
+    from ray import serve
+
+    settings = method.set_max_batch_size.__self__  # Serve's _LazyBatchQueueWrapper: the decorator's knobs
+    own = serve.batch(max_batch_size=settings.max_batch_size, batch_wait_timeout_s=settings.batch_wait_timeout_s,
+                      max_concurrent_batches=settings.max_concurrent_batches,
+                      batch_size_fn=settings.batch_size_fn)(method.__wrapped__)
+    return types.MethodType(own, replica)
+
+
+def records_of(item: Any) -> int:
+    texts = getattr(item, "texts", item)
+    try:
+        return len(texts)
+    except TypeError:  # pragma: no cover
+        return 1
