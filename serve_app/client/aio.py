@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 from typing import Any, Callable, Optional, Sequence
 
 import httpx
 
 from .retry import RetryPolicy
 from .wire import (
-    FINISHED_JOB_STATES, PASSING_STATUSES, SUBMIT_TIMEOUT_S, JobCancelled, JobSpec, ServeAppHTTPError, answer,
-    auth_headers, checked, deadline_headers, embeddings_body, job_outcome, job_path, merge_page, outputs,
-    predict_path, submission_headers, translation_body, translations, vectors,
+    FINISHED_JOB_STATES, PASSING_STATUSES, RETRYABLE_STATUSES, SUBMISSION_RETRYABLE_STATUSES, SUBMIT_TIMEOUT_S,
+    JobCancelled, JobSpec, ServeAppHTTPError, answer, auth_headers, checked, checked_deadline, deadline_headers,
+    embeddings_body, job_outcome, job_path, merge_page, outputs, predict_path, submission_headers, translation_body,
+    translations, vectors,
 )
 
 class AsyncJob:
@@ -23,7 +25,9 @@ class AsyncJob:
     def __init__(self, client: "AsyncClient", job_id: str, parse: Callable[[dict], Any]):
         self.job_id = job_id
         self._client = client
+        self._closed = False  # by `AsyncClient.aclose()`
         self._task = asyncio.ensure_future(self._wait(parse))
+        client._jobs.add(self)
 
     async def _wait(self, parse: Callable[[dict], Any]) -> Any:
         policy = self._client.retry
@@ -49,9 +53,16 @@ class AsyncJob:
         try:
             return await asyncio.shield(self._task)
         except asyncio.CancelledError:
+            if self._task.cancelled() and self._closed:
+                raise RuntimeError("the client was closed before the job finished") from None
             if self._task.cancelled():  # `cancel()` stopped the poller: the job was cancelled
                 raise JobCancelled(f"job {self.job_id} was cancelled") from None
             raise
+
+    def _close(self) -> None:
+        """The client closes: the poller stops (the job itself runs on, on the server)."""
+        self._closed = True
+        self._task.cancel()
 
     def done(self) -> bool:
         return self._task.done()
@@ -82,6 +93,7 @@ class AsyncClient:
         self.retry = retry
         self.timeout_s = timeout_s
         self.submit_timeout_s = submit_timeout_s
+        self._jobs: "weakref.WeakSet[AsyncJob]" = weakref.WeakSet()  # their pollers stop when the client closes
 
     async def __aenter__(self) -> "AsyncClient":
         return self
@@ -90,22 +102,26 @@ class AsyncClient:
         await self.aclose()
 
     async def aclose(self) -> None:
+        """Close the connection pool; awaiting a job still pending then raises (the job runs on, on the server)."""
+        for job in list(self._jobs):
+            job._close()
         await self._http.aclose()
 
-    async def _post(self, path: str, body: dict, headers: Optional[dict] = None,
-                    timeout_s: Optional[float] = None) -> httpx.Response:
+    async def _post(self, path: str, body: dict, headers: Optional[dict] = None, timeout_s: Optional[float] = None,
+                    deadline_ms: Optional[int] = None,
+                    statuses: tuple[int, ...] = RETRYABLE_STATUSES) -> httpx.Response:
         started, timeout = time.monotonic(), self.timeout_s if timeout_s is None else timeout_s
 
         async def attempt() -> httpx.Response:
-            return await self._http.post(path, json=body, headers=headers,
+            return await self._http.post(path, json=body, headers={**(headers or {}), **(deadline_headers(deadline_ms, started) or {})},
                                          timeout=self.retry.attempt_timeout(timeout, started))
 
-        return answer(await self.retry.async_retrying()(attempt))
+        return answer(await self.retry.async_retrying(statuses)(attempt))
 
     async def translate(self, texts: Sequence[str], *, source: str, target: str,
                         ids: Optional[Sequence[str]] = None, deadline_ms: Optional[int] = None) -> list[str]:
         response = await self._post("/translation", translation_body(texts, source, target, ids),
-                                    deadline_headers(deadline_ms))
+                                    deadline_ms=checked_deadline(deadline_ms))
         return translations(response, len(texts))
 
     async def embed(self, texts: Sequence[str], *, model: Optional[str] = None) -> list[list[float]]:
@@ -113,7 +129,8 @@ class AsyncClient:
 
     async def predict(self, model: str, inputs: Sequence[dict], *,
                       deadline_ms: Optional[int] = None) -> list[dict]:
-        response = await self._post(predict_path(model), {"inputs": list(inputs)}, deadline_headers(deadline_ms))
+        response = await self._post(predict_path(model), {"inputs": list(inputs)},
+                                    deadline_ms=checked_deadline(deadline_ms))
         return outputs(response, len(inputs))
 
     async def submit(self, task: str, payload: dict) -> AsyncJob:
@@ -132,7 +149,7 @@ class AsyncClient:
 
     async def _submit(self, spec: JobSpec) -> AsyncJob:
         view = (await self._post("/jobs", {"task": spec.task, "payload": spec.payload}, submission_headers(),
-                                 self.submit_timeout_s)).json()
+                                 self.submit_timeout_s, statuses=SUBMISSION_RETRYABLE_STATUSES)).json()
         return AsyncJob(self, view["job_id"], spec.parse)
 
     async def job(self, job_id: str) -> dict:

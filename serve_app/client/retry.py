@@ -1,8 +1,8 @@
 """When the client tries again: tenacity's retry loop with the service's own advice.
 
 Retried: a 503 (the service said "not now": overloaded, shutting down, a model restarting) and a
-transport error (connection refused or reset, a timeout). Not retried: anything else, which is an
-answer. Each wait is the 503's `Retry-After` (seconds or an HTTP date; else `default_wait_s`),
+transport error (connection refused or reset, a timeout); a job submission, which its Idempotency-Key makes
+safe to send again, also after a 502 or 504. Not retried: anything else, which is an answer. Each wait is the 503's `Retry-After` (seconds or an HTTP date; else `default_wait_s`),
 lengthened by up to `jitter` of it at random so that clients turned away together do not return
 together, and capped by `max_retry_wait_s` (at the cap, spread over its last `jitter`). A call stops after `max_retries` retries, or when its next wait would pass
 `deadline_s` (counted from the call's start); each attempt's timeout is at most what remains.
@@ -49,7 +49,7 @@ class RetryPolicy:
         outcome = state.outcome
         return self.wait_s(None if outcome is None or outcome.failed else outcome.result())
 
-    def _options(self) -> dict:
+    def _options(self, statuses: tuple[int, ...]) -> dict:
         stop = tenacity.stop_after_attempt(self.max_retries + 1)
         if self.deadline_s is not None:
             stop = stop | tenacity.stop_before_delay(self.deadline_s)
@@ -57,17 +57,17 @@ class RetryPolicy:
             stop=stop,
             wait=self._wait,
             retry=(tenacity.retry_if_exception_type(httpx.TransportError)
-                   | tenacity.retry_if_result(lambda response: response.status_code in RETRYABLE_STATUSES)),
+                   | tenacity.retry_if_result(lambda response: response.status_code in statuses)),
             # Out of retries: the last response (the caller raises the service's error), or the last
             # transport error, re-raised.
             retry_error_callback=lambda state: state.outcome.result(),
         )
 
-    def retrying(self) -> tenacity.Retrying:
-        return tenacity.Retrying(**self._options())
+    def retrying(self, statuses: tuple[int, ...] = RETRYABLE_STATUSES) -> tenacity.Retrying:
+        return tenacity.Retrying(**self._options(statuses))
 
-    def async_retrying(self) -> tenacity.AsyncRetrying:
-        return tenacity.AsyncRetrying(**self._options())
+    def async_retrying(self, statuses: tuple[int, ...] = RETRYABLE_STATUSES) -> tenacity.AsyncRetrying:
+        return tenacity.AsyncRetrying(**self._options(statuses))
 
     def attempt_timeout(self, timeout_s: float, started: float) -> float:
         """One attempt's timeout: `timeout_s`, or what remains of the deadline if less."""

@@ -12,9 +12,10 @@ import httpx
 
 from .retry import RetryPolicy
 from .wire import (
-    FINISHED_JOB_STATES, PASSING_STATUSES, SUBMIT_TIMEOUT_S, JobCancelled, JobSpec, ServeAppHTTPError, answer,
-    auth_headers, checked, deadline_headers, embeddings_body, job_outcome, job_path, merge_page, outputs,
-    predict_path, submission_headers, translation_body, translations, vectors,
+    FINISHED_JOB_STATES, PASSING_STATUSES, RETRYABLE_STATUSES, SUBMISSION_RETRYABLE_STATUSES, SUBMIT_TIMEOUT_S,
+    JobCancelled, JobSpec, ServeAppHTTPError, answer, auth_headers, checked, checked_deadline, deadline_headers,
+    embeddings_body, job_outcome, job_path, merge_page, outputs, predict_path, submission_headers, translation_body,
+    translations, vectors,
 )
 
 
@@ -94,6 +95,16 @@ class _JobPoller:
             future._fail(RuntimeError("the client was closed before the job finished"))
 
     def _run(self) -> None:
+        try:
+            self._poll()
+        except BaseException as exc:  # never a future left waiting on a poller that is gone
+            with self._lock:
+                pending, self._pending, self._thread = list(self._pending.values()), {}, None
+            for future in pending:
+                future._fail(exc)
+            raise
+
+    def _poll(self) -> None:
         policy = self._client.retry
         interval = policy.poll_interval_s
         while True:
@@ -110,22 +121,21 @@ class _JobPoller:
                     continue
                 try:
                     view = self._client.job(future.job_id)
-                except ServeAppHTTPError as exc:  # 404: expired; a 502/503/504 (a deadline) may pass: poll on
-                    if exc.status_code not in PASSING_STATUSES:
-                        future._fail(exc)
-                        self._forget(future)
-                        changed = True
-                    continue
+                    if view["status"] not in FINISHED_JOB_STATES:
+                        continue
+                    view = self._client._whole(view)
                 except httpx.TransportError:
                     continue  # the service may be restarting: keep polling
-                if view["status"] in FINISHED_JOB_STATES:
-                    try:
-                        view = self._client._whole(view)
-                    except (ServeAppHTTPError, httpx.TransportError):
-                        continue  # a page could not be read now: the next poll reads them again
+                except ServeAppHTTPError as exc:  # 404: expired; a 502/503/504 (a deadline) may pass: poll on
+                    if exc.status_code in PASSING_STATUSES:
+                        continue
+                    future._fail(exc)
+                except Exception as exc:  # noqa: BLE001 - a malformed answer fails its job's future, as in aio.py
+                    future._fail(exc)
+                else:
                     future._resolve(view)
-                    self._forget(future)
-                    changed = True
+                self._forget(future)
+                changed = True
             interval = policy.poll_interval_s if changed else min(interval * 2, policy.max_poll_interval_s)
             self._wake.wait(interval)
             self._wake.clear()
@@ -160,21 +170,21 @@ class Client:
         self._jobs.close()
         self._http.close()
 
-    def _post(self, path: str, body: dict, headers: Optional[dict] = None,
-              timeout_s: Optional[float] = None) -> httpx.Response:
+    def _post(self, path: str, body: dict, headers: Optional[dict] = None, timeout_s: Optional[float] = None,
+              deadline_ms: Optional[int] = None, statuses: tuple[int, ...] = RETRYABLE_STATUSES) -> httpx.Response:
         started, timeout = time.monotonic(), self.timeout_s if timeout_s is None else timeout_s
 
         def attempt() -> httpx.Response:
-            return self._http.post(path, json=body, headers=headers,
+            return self._http.post(path, json=body, headers={**(headers or {}), **(deadline_headers(deadline_ms, started) or {})},
                                    timeout=self.retry.attempt_timeout(timeout, started))
 
-        return answer(self.retry.retrying()(attempt))
+        return answer(self.retry.retrying(statuses)(attempt))
 
     def translate(self, texts: Sequence[str], *, source: str, target: str,
                   ids: Optional[Sequence[str]] = None, deadline_ms: Optional[int] = None) -> list[str]:
         """Translated texts, in the order given."""
         response = self._post("/translation", translation_body(texts, source, target, ids),
-                              deadline_headers(deadline_ms))
+                              deadline_ms=checked_deadline(deadline_ms))
         return translations(response, len(texts))
 
     def embed(self, texts: Sequence[str], *, model: Optional[str] = None) -> list[list[float]]:
@@ -183,7 +193,7 @@ class Client:
 
     def predict(self, model: str, inputs: Sequence[dict], *, deadline_ms: Optional[int] = None) -> list[dict]:
         """Your own model's outputs (an entry of `models:`), one per input, in the order given."""
-        response = self._post(predict_path(model), {"inputs": list(inputs)}, deadline_headers(deadline_ms))
+        response = self._post(predict_path(model), {"inputs": list(inputs)}, deadline_ms=checked_deadline(deadline_ms))
         return outputs(response, len(inputs))
 
     def submit(self, task: str, payload: dict) -> JobFuture:
@@ -206,7 +216,7 @@ class Client:
 
     def _submit(self, spec: JobSpec) -> JobFuture:
         view = self._post("/jobs", {"task": spec.task, "payload": spec.payload}, submission_headers(),
-                          self.submit_timeout_s).json()
+                          self.submit_timeout_s, statuses=SUBMISSION_RETRYABLE_STATUSES).json()
         future = JobFuture(self, view["job_id"], spec.parse)
         self._jobs.watch(future)
         return future

@@ -8,6 +8,7 @@ from __future__ import annotations
 import concurrent.futures
 import email.utils
 import math
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -18,6 +19,9 @@ import httpx
 
 #: statuses worth retrying: the server said "not now", not "never"
 RETRYABLE_STATUSES = (503,)
+#: a job submission's, whose `Idempotency-Key` makes sending it again safe: also a 504 (the ingress's deadline
+#: passed, maybe after the JobManager wrote the job) and a 502; sent again, the server answers with that job
+SUBMISSION_RETRYABLE_STATUSES = (502, 503, 504)
 #: answers to a job poll that pass while the job runs on (overloaded, restarting, the ingress's deadline); a 500 or
 #: a 4xx fails the job's future
 PASSING_STATUSES = (502, 503, 504)
@@ -64,12 +68,23 @@ def auth_headers(api_key: Optional[str]) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
-def deadline_headers(deadline_ms: Optional[int]) -> Optional[dict[str, str]]:
+def checked_deadline(deadline_ms: Optional[int]) -> Optional[int]:
+    if deadline_ms is not None and (isinstance(deadline_ms, bool) or not isinstance(deadline_ms, int)
+                                    or deadline_ms < 1):
+        raise ValueError(f"deadline_ms must be a whole number of milliseconds >= 1 (or None), not {deadline_ms!r}")
+    return deadline_ms
+
+
+def deadline_headers(deadline_ms: Optional[int], started: float) -> Optional[dict[str, str]]:
+    """An attempt's `X-Request-Timeout-Ms`: what is left of the call's `deadline_ms` since `started`
+    (time.monotonic()), so that a retry after a 503's wait does not ask for the whole budget again. None
+    without a deadline; a 504 `timeout`, raised, once nothing is left."""
     if deadline_ms is None:
         return None
-    if isinstance(deadline_ms, bool) or not isinstance(deadline_ms, int) or deadline_ms < 1:
-        raise ValueError(f"deadline_ms must be a whole number of milliseconds >= 1 (or None), not {deadline_ms!r}")
-    return {"X-Request-Timeout-Ms": str(deadline_ms)}
+    left = deadline_ms - int((time.monotonic() - started) * 1000)
+    if left < 1:
+        raise ServeAppHTTPError(504, f"the call's deadline_ms={deadline_ms} passed before it was answered", "timeout")
+    return {"X-Request-Timeout-Ms": str(left)}
 
 
 def _texts(texts: Sequence[str]) -> list[str]:
@@ -112,9 +127,11 @@ def retry_after_s(value: Optional[str]) -> Optional[float]:
 def error_of(response: httpx.Response) -> ServeAppHTTPError:
     try:
         body = response.json()
-        error, error_type = str(body.get("error", response.text)), str(body.get("error_type", "unknown"))
     except ValueError:
-        error, error_type = response.text, "unknown"
+        body = None
+    if not isinstance(body, dict):  # not JSON, or JSON but not the service's error object (a proxy's page)
+        body = {}
+    error, error_type = str(body.get("error", response.text)), str(body.get("error_type", "unknown"))
     return ServeAppHTTPError(response.status_code, error, error_type, retry_after_s(response.headers.get("Retry-After")))
 
 
