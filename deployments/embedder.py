@@ -76,7 +76,7 @@ class Embedder(ModelReplica):
     def info(self) -> dict:
         return {
             "deployment": self.deployment_name,
-            "backend": "transformers",
+            "backend": "onnx" if self.settings.engine == "onnx" else "transformers",
             "model": self.settings.model_name,
             "dimensions": self.model.dimensions,
             "batching": self.batching_info(),

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 from . import __version__
 from .cache import cache_directives
 from .jobs.api import IDEMPOTENCY_HEADER, _IDEMPOTENCY_DESCRIPTION, _PAGE_DESCRIPTION, job_owner
-from .errors import ERROR_TYPE_SCOPE_KEY, NotReady, install_error_handlers
+from .errors import ERROR_TYPE_SCOPE_KEY, ModelNotFound, NotReady, install_error_handlers
 from . import auth, middleware
 from .middleware import AdmissionControl, ApiKeyAuth, BodySizeLimit, LazyCORS, RequestObserver, request_id_of
 from .observability import RECORDS_SCOPE_KEY, RequestRecorder
@@ -257,9 +257,21 @@ def create_app() -> FastAPI:
 
     @app.get("/v1/models", response_model=ModelsResponse,
              responses={k: ERROR_RESPONSES[k] for k in (401, 403, 503, 504)})
+    @app.get("/models", response_model=ModelsResponse, include_in_schema=False)  # OpenAI(base_url=<no /v1>)
     async def models(service: Service = Depends(get_service)):
         """Each served model: backend, languages or dimensions, batch settings."""
         return ModelsResponse(data=[ModelCard(**card) for card in await service.models()])
+
+    @app.get("/v1/models/{model_id}", response_model=ModelCard,
+             responses={k: PREDICT_ERROR_RESPONSES[k] for k in (401, 403, 404, 503, 504)})
+    @app.get("/models/{model_id}", response_model=ModelCard, include_in_schema=False)
+    async def model(model_id: str, service: Service = Depends(get_service)):
+        """One served model's card, as listed in /v1/models (OpenAI's `models.retrieve`)."""
+        cards = await service.models()
+        for card in cards:
+            if card["id"] == model_id:
+                return ModelCard(**card)
+        raise ModelNotFound(f"No model named {model_id!r} is served here; models: {[c['id'] for c in cards]!r}.")
 
     return app
 

@@ -10,6 +10,7 @@ their own metadata); missing or mistyped fields are 422.
 from __future__ import annotations
 
 import re
+import unicodedata
 from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
@@ -29,6 +30,12 @@ def clean_text(text: str) -> str:
     Everything else (any script, emoji, combining marks) passes unchanged."""
     text = _SURROGATE.sub("\ufffd", text)
     return _CONTROL.sub(" ", text)
+
+
+def is_blank(text: str) -> bool:
+    """Nothing a model could read: empty, whitespace, or invisible format characters only (zero-width space,
+    byte-order mark, word joiner: Unicode's Cf), which str.strip() keeps and a tokenizer drops."""
+    return all(char.isspace() or unicodedata.category(char) == "Cf" for char in text)
 
 
 def _valid_id(value: str) -> str:
@@ -60,8 +67,8 @@ class TranslationRecord(_Body):
     @classmethod
     def _not_blank(cls, value: str) -> str:
         value = clean_text(value)
-        if not value.strip():
-            raise ValueError("text must not be empty, whitespace or control characters only")
+        if is_blank(value):
+            raise ValueError("text must not be empty, whitespace, control or invisible characters only")
         return value
 
 
@@ -128,8 +135,8 @@ class EmbeddingsRequest(_Body):
             raise ValueError("input must hold at least one text")
         items = [clean_text(text) for text in items]
         for i, text in enumerate(items):
-            if not text.strip():
-                raise ValueError(f"input[{i}] must not be empty, whitespace or control characters only")
+            if is_blank(text):
+                raise ValueError(f"input[{i}] must not be empty, whitespace, control or invisible characters only")
         return items[0] if isinstance(value, str) else items
 
     def texts(self) -> list[str]:
@@ -217,6 +224,8 @@ class ErrorResponse(BaseModel):
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"] = "model"
+    created: int = Field(0, description="OpenAI's field; not tracked here.")
+    owned_by: str = "serve-app"
     task: Literal["translation", "embeddings", "prediction"]
     deployment: str
     placement: Literal["deployment", "ingress"] = Field(

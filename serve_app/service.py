@@ -151,7 +151,7 @@ class Service:
             )
         check_text_lengths(texts, self.limits.max_text_chars, "input")
         name = self.settings.embeddings.model_name
-        if request.model is not None and request.model not in _model_aliases(name):
+        if request.model is not None and request.model.lower() not in _model_aliases(name):
             raise UnsupportedModel(f"Model {request.model!r} is not served here; use {name!r} or omit 'model'.")
         return texts, name
 
@@ -278,7 +278,8 @@ class Service:
 
 
 def _model_aliases(name: str) -> set[str]:
-    return {name, name.lower(), f"sentence-transformers/{name}", f"sentence-transformers/{name}".lower()}
+    """The names a request may give the embedding model, lower case (a request's is compared lower-cased)."""
+    return {name.lower(), f"sentence-transformers/{name}".lower()}
 
 
 def _encode(vector: np.ndarray, encoding_format: str) -> Any:

@@ -147,3 +147,14 @@ def test_describe_shows_no_server_paths_or_process_ids(onnx_embedder, torch_embe
         facts = backend.describe()
         assert not {"model_path", "onnx_path", "models_root", "converted_path", "pid"} & set(facts), facts
         assert "/" not in repr(facts), facts
+
+
+def test_the_embedder_replica_names_its_engine_as_its_backend(onnx_embedder, cache):
+    """/v1/models said `transformers` for the shipped CPU profiles, which run ONNX Runtime."""
+    from deployments.embedder import Embedder
+    from deployments.settings import EmbeddingSettings
+
+    replica = Embedder.func_or_class(EmbeddingSettings(engine="onnx", onnx_cache_dir=str(cache), num_threads=1)
+                                     .model_dump())
+    assert replica.info()["backend"] == "onnx"
+    assert Embedder.func_or_class(EmbeddingSettings(num_threads=1).model_dump()).info()["backend"] == "transformers"
