@@ -8,7 +8,7 @@ import yaml
 from serve_app.config_check import check_config
 
 from .helpers import (
-    CUSTOM_KINDS, OVERLAYS, ROOT, as_pod_template, core_errors, crd_errors, kustomize, ray_pod_templates,
+    CUSTOM_KINDS, OVERLAYS, ROOT, as_pod_template, core_errors, crd_dir, crd_errors, kustomize, ray_pod_templates,
 )
 
 NAMESPACE = "serve-app"
@@ -196,3 +196,16 @@ def test_core_validation_is_strict():
     assert core_errors(pdb) == []
     pdb["spec"]["maxUnavailabe"] = 1
     assert any("maxUnavailabe" in e for e in core_errors(pdb))
+
+
+def test_the_pdb_lets_a_drain_take_a_worker_at_each_profile_s_minimum(overlay):
+    """Ray's worker pods are owned by a RayCluster, whose CRD has no `scale` subresource: Kubernetes then honours
+    only an integer `minAvailable`. The `maxUnavailable: 1` this PDB had left it at 0 allowed disruptions, and every
+    drain of a node with a Ready worker hung."""
+    _, objects = overlay
+    spec = _one(objects, "PodDisruptionBudget")["spec"]
+    assert "maxUnavailable" not in spec and isinstance(spec["minAvailable"], int)
+    crd = yaml.safe_load((crd_dir() / "ray.io_rayclusters.yaml").read_text())
+    assert all("scale" not in (v.get("subresources") or {}) for v in crd["spec"]["versions"])  # still none
+    workers = sum(g["minReplicas"] for g in _one(objects, "RayService")["spec"]["rayClusterConfig"]["workerGroupSpecs"])
+    assert 1 <= spec["minAvailable"] < workers, (spec, workers)
