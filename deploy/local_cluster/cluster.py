@@ -287,7 +287,7 @@ class LocalCluster(DashboardView):
 
     def _failed_start(self, node: Node) -> None:
         """`node`'s `ray start` exited before it joined: its processes go, and it starts again after a
-        pause, as the kubelet restarts the container."""
+        pause, as KubeRay replaces the pod (here: the same namespace and address)."""
         kill_namespace_processes(node.namespace)
         pause_s = node.failed_start()
         self.log(f"{node.name}'s `ray start` exited ({node.proc.returncode}) before it joined; starting it "

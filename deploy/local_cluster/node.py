@@ -11,8 +11,9 @@ from typing import Optional
 
 from . import manifest as mf
 
-#: A pod whose `ray start` exits before its node joins is started again after these pauses, as the
-#: kubelet restarts a failed container (CrashLoopBackOff: 10 s, doubling); after them it has failed.
+#: A pod whose `ray start` exits before its node joins is started again after these pauses (CrashLoopBackOff's
+#: 10 s, doubling); after them it has failed. KubeRay (autoscaler v2: restartPolicy Never) replaces such a pod
+#: instead, which also costs scheduling and the image's start (docs/deploy.md).
 #: On two shared cores a raylet can abort at start-up: it gives the dashboard agent ~15 s to report
 #: its ports, and the agent's imports took 25 s in one CI run (raylet.err: WaitForDashboardAgentPorts).
 START_RETRY_PAUSES_S = (10.0, 20.0, 40.0)

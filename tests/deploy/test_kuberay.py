@@ -156,14 +156,16 @@ def test_versions_and_images_follow_pyproject(rayservice):
 
 
 def test_the_two_rayservices_share_their_head_group():
-    """Hand-written twice: keep them from drifting apart (images aside)."""
+    """Hand-written twice: keep them from drifting apart (images aside), GCS fault tolerance included (the GPU
+    RayService had none: a lost head pod took its Serve applications and every GPU pod's loaded model with it)."""
     heads = []
     for name in KUBERAY_FILES:
-        head = copy.deepcopy(load_yaml(ROOT / name)["spec"]["rayClusterConfig"]["headGroupSpec"])
+        cluster = load_yaml(ROOT / name)["spec"]["rayClusterConfig"]
+        head = copy.deepcopy(cluster["headGroupSpec"])
         for container in head["template"]["spec"]["containers"]:
             container["image"] = container["image"].removesuffix("-gpu")
-        heads.append(head)
-    assert heads[0] == heads[1]
+        heads.append((head, cluster.get("gcsFaultToleranceOptions"), cluster.get("authOptions")))
+    assert heads[0] == heads[1] and heads[0][1]["redisAddress"] == "serve-app-redis:6379"
 
 
 def test_every_ray_container_serves_through_haproxy_as_make_run_does():
@@ -244,3 +246,16 @@ def _ray_container_envs():
             for container in group["template"]["spec"]["containers"]:
                 env = {e["name"]: e.get("value") for e in container.get("env", [])}
                 yield (name, group.get("groupName", "head")), env
+
+
+def test_every_ray_pod_is_guaranteed_qos(rayservice):
+    """Kubernetes gives a pod Guaranteed QoS only if every container, init containers and the autoscaler sidecar
+    KubeRay adds to the head (autoscalerOptions.resources) included, has requests equal to its limits. The
+    sidecar's 200m request against a 500m limit made the head Burstable, against its comment."""
+    cluster = rayservice["spec"]["rayClusterConfig"]
+    containers = [("autoscaler", cluster["autoscalerOptions"]["resources"])]
+    for group in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]:
+        spec = group["template"]["spec"]
+        containers += [(c["name"], c["resources"]) for c in spec.get("initContainers", []) + spec["containers"]]
+    for name, resources in containers:
+        assert resources["requests"] == resources["limits"], (name, resources)
