@@ -219,6 +219,8 @@ def create_app() -> FastAPI:
         if view.get("page") is None:
             view.pop("page", None)  # a whole result: the response as it always was
             return view
+        if view["page"].get("next"):  # under the application's route prefix, as Location is
+            view["page"]["next"] = request.scope.get("root_path", "") + view["page"]["next"]
         return JSONResponse(view)  # a page (bounded by jobs.max_page_bytes), not re-validated
 
     @app.delete("/jobs/{job_id}", response_model=JobResponse, responses=JOB_RESPONSES)

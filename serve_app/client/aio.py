@@ -113,7 +113,8 @@ class AsyncClient:
         started, timeout = time.monotonic(), self.timeout_s if timeout_s is None else timeout_s
 
         async def attempt() -> httpx.Response:
-            return await self._http.post(path, json=body, headers={**(headers or {}), **(deadline_headers(deadline_ms, started) or {})},
+            sent = {**(headers or {}), **(deadline_headers(deadline_ms, started) or {})}
+            return await self._http.post(path, json=body, headers=sent,
                                          timeout=self.retry.attempt_timeout(timeout, started))
 
         return answer(await self.retry.async_retrying(statuses)(attempt))
@@ -157,7 +158,7 @@ class AsyncClient:
 
     async def _whole(self, view: dict) -> dict:
         while (view.get("page") or {}).get("next"):
-            merge_page(view, checked(await self._http.get(view["page"]["next"]), 200))
+            merge_page(view, checked(await self._http.get(self._http.base_url.join(view["page"]["next"])), 200))
         return view
 
     async def cancel_job(self, job_id: str) -> dict:

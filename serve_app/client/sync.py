@@ -175,7 +175,8 @@ class Client:
         started, timeout = time.monotonic(), self.timeout_s if timeout_s is None else timeout_s
 
         def attempt() -> httpx.Response:
-            return self._http.post(path, json=body, headers={**(headers or {}), **(deadline_headers(deadline_ms, started) or {})},
+            sent = {**(headers or {}), **(deadline_headers(deadline_ms, started) or {})}
+            return self._http.post(path, json=body, headers=sent,
                                    timeout=self.retry.attempt_timeout(timeout, started))
 
         return answer(self.retry.retrying(statuses)(attempt))
@@ -229,7 +230,7 @@ class Client:
     def _whole(self, view: dict) -> dict:
         """A finished job's view with every page of its result."""
         while (view.get("page") or {}).get("next"):
-            merge_page(view, checked(self._http.get(view["page"]["next"]), 200))
+            merge_page(view, checked(self._http.get(self._http.base_url.join(view["page"]["next"])), 200))
         return view
 
     def cancel_job(self, job_id: str) -> dict:

@@ -5,11 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import math
 from collections import Counter
 from typing import AsyncIterator
 
-from .job import ANONYMOUS
+from .job import ANONYMOUS, share_of
 
 
 class FairSlots:
@@ -24,7 +23,7 @@ class FairSlots:
 
     def __init__(self, limit: int, share: float = 1.0):
         self.limit = limit
-        self.per_owner = max(1, math.ceil(limit * share - 1e-9))  # (rounded as the store's shares: job.StoreLimits)
+        self.per_owner = share_of(limit, share)  # (rounded as the store's shares: job.StoreLimits)
         self.held: Counter = Counter()
         self._waiting: list[tuple[int, str, asyncio.Future, bool]] = []  # (order, owner, granted, within the share)
         self._order = itertools.count()

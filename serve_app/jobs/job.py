@@ -198,6 +198,12 @@ class JobRecord:
 UNBOUNDED = 1 << 62
 
 
+def share_of(bound: int, share: float) -> int:
+    """One API key's part of `bound` (jobs.max_share_per_key): rounded up, at least 1, after taking off the float
+    noise of the product (0.07 x 100 is 7.000000000000001, which rounded up to 8)."""
+    return max(1, math.ceil(bound * share - 1e-9))
+
+
 @dataclass(frozen=True)
 class StoreLimits:
     """What a store admits (checked atomically with each create)."""
@@ -219,9 +225,9 @@ class StoreLimits:
         return cls(max_unfinished_jobs=jobs.max_unfinished_jobs, max_jobs=max_jobs,
                    max_total_result_bytes=jobs.max_total_result_bytes,
                    retry_after_s=settings.ingress.retry_after_s, max_job_result_bytes=jobs.max_job_result_bytes,
-                   max_unfinished_per_owner=max(1, math.ceil(share * jobs.max_unfinished_jobs)),
-                   max_jobs_per_owner=max(1, math.ceil(share * max_jobs)),
-                   max_bytes_per_owner=max(jobs.max_job_result_bytes, math.ceil(share * jobs.max_total_result_bytes)))
+                   max_unfinished_per_owner=share_of(jobs.max_unfinished_jobs, share),
+                   max_jobs_per_owner=share_of(max_jobs, share),
+                   max_bytes_per_owner=max(jobs.max_job_result_bytes, share_of(jobs.max_total_result_bytes, share)))
 
     def for_owner(self, owner: str) -> "StoreLimits":
         """The limits of `owner`'s submission: without API keys (ANONYMOUS) there is one owner, not bounded apart."""

@@ -90,3 +90,40 @@ def test_a_job_s_location_keeps_the_application_s_route_prefix(tmp_path):
         set_service(None)
     assert resp.status_code == 202, resp.text
     assert resp.headers["location"] == f"/b/jobs/{resp.json()['job_id']}"
+
+
+def test_a_paged_result_s_next_link_keeps_the_route_prefix_and_the_client_follows_it(tmp_path):
+    """`page.next` pointed outside an application under `route_prefix: /b` (a 404 for a client resolving it against
+    the host), while Location kept the prefix. The project's client, its base URL under the prefix, follows it."""
+    import asyncio
+
+    import httpx
+
+    from serve_app.client import AsyncClient
+    from tests.unit.test_jobs_http import _serve
+
+    runner, _ = _serve(tmp_path, max_page_bytes=4096)
+    transport = httpx.ASGITransport(app=app, root_path="/b")
+
+    async def page_through() -> tuple[dict, httpx.Response, dict]:
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
+            try:
+                body = {"task": "embeddings", "payload": {"input": [f"text {i}" for i in range(50)]}}
+                location = (await c.post("/b/jobs", json=body)).headers["location"]
+                async with asyncio.timeout(60):
+                    while (view := (await c.get(location)).json())["status"] != "succeeded":
+                        await asyncio.sleep(0.05)
+                second = await c.get(view["page"]["next"])
+                async with AsyncClient("http://test/b", transport=transport) as client:
+                    whole = await client._whole(json.loads(json.dumps(view)))
+                return view, second, whole
+            finally:
+                await runner.stop()
+
+    try:
+        view, second, whole = asyncio.run(page_through())
+    finally:
+        set_service(None)
+    assert view["page"]["next"].startswith(f"/b/jobs/{view['job_id']}?offset=")
+    assert second.status_code == 200 and second.json()["page"]["offset"] == view["page"]["records"]
+    assert [d["index"] for d in whole["result"]["data"]] == list(range(50))

@@ -1,5 +1,5 @@
 """One API key's share of the job store (jobs.max_share_per_key), against both real stores: at submission,
-and as a running job's result outgrows its estimate."""
+and as a running job's result outgrows its estimate; the share's rounding; two SQLite store edges."""
 
 from __future__ import annotations
 
@@ -66,3 +66,69 @@ def test_a_result_outgrowing_its_estimate_stays_within_its_owner_s_share(open_st
         return [(await store.get(f"job{n}")).used_bytes for n in (1, 2, 3, 4, 5)]
 
     assert asyncio.run(scenario()) == [400, 80, 10, 400, 400]
+
+
+def test_a_key_s_share_is_not_rounded_up_by_float_noise():
+    """0.07 x 100 is 7.000000000000001 in floats: the store gave one key 8 jobs where the running slots
+    (FairSlots) gave it 7, and the docs say 7."""
+    from serve_app.jobs.fair import FairSlots
+    from serve_app.jobs.job import StoreLimits, share_of
+    from serve_app.settings import load_settings
+
+    assert [share_of(100, s) for s in (0.07, 0.14, 0.28, 0.55, 0.5, 0.071)] == [7, 14, 28, 55, 50, 8]
+    assert share_of(3, 0.01) == 1  # at least one
+    limits = StoreLimits.of(load_settings({"jobs": {"max_share_per_key": 0.07, "max_unfinished_jobs": 100,
+                                                    "max_running_jobs": 100}}))
+    assert limits.max_unfinished_per_owner == FairSlots(100, 0.07).per_owner == 7
+
+
+def test_sqlite_a_resubmission_as_its_key_expires_is_answered(tmp_path):
+    """create() read the clock twice: a job holding the key that expired between the reads was neither returned
+    nor purged, and the INSERT hit the (owner, key) index: 503 job_store_unavailable. With one reading, the job is
+    live at it (and answered) or expired (purged, and a new job made)."""
+    from serve_app.jobs.store.sqlite import SqliteJobStore
+
+    class Stepping:  # a clock that moves on at every read
+        now = 1_000.0
+
+        def __call__(self):
+            self.now += 0.001
+            return self.now
+
+    clock = Stepping()
+
+    async def scenario():
+        store = SqliteJobStore(tmp_path / "jobs.sqlite3", clock=clock)
+        try:
+            await store.create(_job(1, key="k"), b"{}", LIMITS)
+            await store.finish("job1", "succeeded", clock.now, clock.now + 0.0015)  # between create()'s two reads
+            live = (await store.create(_job(2, key="k"), b"{}", LIMITS)).id
+            await store.finish("job1", "succeeded", clock.now, clock.now + 0.0005)  # before its (one) reading
+            return live, (await store.create(_job(3, key="k"), b"{}", LIMITS)).id
+        finally:
+            await store.close()
+    assert asyncio.run(scenario()) == ("job1", "job3")
+
+
+def test_sqlite_a_failed_commit_leaves_no_transaction_open(tmp_path):
+    """A COMMIT that failed (busy, I/O) left its transaction open: every later call failed with "cannot start a
+    transaction within a transaction" (503 on every /jobs call) until the JobManager restarted."""
+    import sqlite3
+
+    from serve_app.jobs.store.sqlite import SqliteJobStore
+
+    async def scenario():
+        store = SqliteJobStore(tmp_path / "jobs.sqlite3")
+        try:
+            await store.counts()  # connected
+            db = store._db
+            db.execute("PRAGMA foreign_keys=ON")  # a deferred constraint: the statement passes, its COMMIT fails
+            db.execute("CREATE TEMP TABLE parent(id INTEGER PRIMARY KEY)")
+            db.execute("CREATE TEMP TABLE child(pid INTEGER REFERENCES parent(id) DEFERRABLE INITIALLY DEFERRED)")
+            with pytest.raises(sqlite3.IntegrityError):
+                await store._run(lambda db: db.execute("INSERT INTO child VALUES (42)"))
+            await store.create(_job(1), b"{}", LIMITS)  # the store goes on
+            return (await store.get("job1")).id
+        finally:
+            await store.close()
+    assert asyncio.run(scenario()) == "job1"

@@ -99,16 +99,18 @@ class SqliteJobStore(JobStore):
             db.execute("BEGIN IMMEDIATE")
             try:
                 result = fn(db, *args)
+                db.execute("COMMIT")
             except BaseException:
-                db.execute("ROLLBACK")
+                if db.in_transaction:  # also after a failed COMMIT (busy, I/O): else every later BEGIN fails
+                    db.execute("ROLLBACK")
                 raise
-            db.execute("COMMIT")
             return result
 
         return await asyncio.get_running_loop().run_in_executor(self._thread, call)
 
-    def _live(self, record: Optional[JobRecord]) -> Optional[JobRecord]:
-        if record is None or (record.expires_at is not None and record.expires_at <= self._clock()):
+    def _live(self, record: Optional[JobRecord], now: Optional[float] = None) -> Optional[JobRecord]:
+        now = self._clock() if now is None else now
+        if record is None or (record.expires_at is not None and record.expires_at <= now):
             return None
         return record
 
@@ -117,9 +119,10 @@ class SqliteJobStore(JobStore):
             now = self._clock()
             if record.key is not None:
                 row = db.execute(f"{_SELECT} WHERE owner = ? AND key = ?", (record.owner, record.key)).fetchone()
-                if row is not None and self._live(_record(row)) is not None:
+                if row is not None and self._live(_record(row), now) is not None:
                     return _record(row)
-            self._purge(db, now)  # an expired holder of the key, and expired results, make room
+            # an expired holder of the key (at the same `now` as above), and expired results, make room
+            self._purge(db, now)
             for where, args, prefix, bounds in (
                     ("", (), "", (limits.max_unfinished_jobs, limits.max_jobs, limits.max_total_result_bytes)),
                     (" WHERE owner = ?", (record.owner,), "owner_",
