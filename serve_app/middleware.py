@@ -191,8 +191,9 @@ class LazyCORS:
         if origins not in self._built:
             self._built[origins] = _json_refusal_cors(
                 self.app, allow_origins=list(origins), allow_methods=["GET", "POST", "DELETE"],
-                allow_headers=["Authorization", "Cache-Control", "Content-Type", "Idempotency-Key", "X-API-Key",
-                               "X-Request-Timeout-Ms"],
+                # Any request header, for the allowed origins only: the OpenAI JavaScript SDK sends x-stainless-*
+                # and others, and a preflight naming one header not listed was refused; the server ignores them.
+                allow_headers=["*"],
                 expose_headers=["X-Batch-Records", "X-Cache", "X-Request-ID", "Retry-After", "Location"], max_age=600,
             )
         await self._built[origins](scope, receive, send)

@@ -106,6 +106,10 @@ def test_cors_allows_only_configured_origins(client):
                                                   "Access-Control-Request-Method": "POST",
                                                   "Access-Control-Request-Headers": "authorization,content-type"})
     assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] == "https://app.example"
+    sdk = client.options("/v1/embeddings", headers={  # the OpenAI JavaScript SDK's own headers pass too
+        "Origin": "https://app.example", "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization,content-type,x-stainless-lang,x-stainless-retry-count"})
+    assert sdk.status_code == 200 and "x-stainless-lang" in sdk.headers["access-control-allow-headers"]
     resp = client.post("/translation", json=BODY, headers={"Origin": "https://app.example", "X-API-Key": "k1"})
     assert resp.headers["access-control-allow-origin"] == "https://app.example"
     other = client.options("/translation", headers={"Origin": "https://evil.example",
