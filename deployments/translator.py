@@ -87,6 +87,7 @@ class Translator(ModelReplica):
         pieces = {i: pieces_of(chunk.texts[i], self.settings.max_new_tokens)
                   for i, text in enumerate(texts) if isinstance(text, CutText)}
         again = [i for i in pieces if len(pieces[i]) > 1]
+        left_cut: set[int] = set()
         if again:
             self._count_in_pieces(len(again))
             cut = [chunk.texts[i] for i in again]
@@ -98,9 +99,13 @@ class Translator(ModelReplica):
                     texts[i] = text
                 batch = max(batch, piece_batch)
             except Exception as exc:  # noqa: BLE001 - the first pass stands: cut, but the call's other records kept
+                left_cut = set(again)
                 logger.warning("translating %d cut records again in pieces failed (%s): kept as cut",
                                len(again), type(exc).__name__)
-        return [str(text) for text in texts], batch
+        # A record left cut because its pieces failed stays a CutText, which the ingress does not cache: asked
+        # again later, it may come whole. Over Ray it pickles as that class, which every Ingress version has;
+        # as JSON it is the plain text. The rest, a final cut (one piece) included, are plain str.
+        return [text if i in left_cut else str(text) for i, text in enumerate(texts)], batch
 
     async def _overlong_pieces(self, texts: list[str], source: str) -> dict[int, list[tuple[str, str]]]:
         """{index: pieces} of the records whose source fills the model's input (it cannot read them whole),

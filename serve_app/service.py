@@ -13,6 +13,7 @@ from typing import Any, Awaitable, Callable, Hashable, Optional, TypeVar
 
 import numpy as np
 
+from deployments.backends.segments import CutText
 from deployments.batching import Chunk, split
 
 from .cache import ResponseCache, storable
@@ -122,8 +123,8 @@ class Service:
         if todo:
             values, batch = await compute(todo)
             computed = dict(zip(todo, values))
-            if write:
-                self.cache.store((key(t), storable(v)) for t, v in computed.items())
+            if write:  # not a translation the model cut short (a failed second pass: it may come whole later)
+                self.cache.store((key(t), storable(v)) for t, v in computed.items() if not isinstance(v, CutText))
         hits = len(texts) - sum(v is None for v in found)
         status = "hit" if hits == len(texts) else "miss" if hits == 0 else "partial"
         return [computed[t] if v is None else v for t, v in zip(texts, found)], Computed(batch, status)

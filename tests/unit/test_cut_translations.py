@@ -108,7 +108,7 @@ def test_a_cut_record_is_translated_again_by_sentence(translator, marian_backend
     assert texts[1] != marian_backend.translate([cut_paragraph], "en", "de")[0]
     # one piece, cut or not: nothing to split, kept as the model gave it
     assert [texts[0], texts[2]] == marian_backend.translate([cut, kept], "en", "de")
-    assert all(type(text) is str for text in texts)  # plain str: the ingress needs no CutText
+    assert all(type(text) is str for text in texts)  # plain str: final (the ingress caches them)
     assert translator.stats()["translated_again"] == 1
 
 
@@ -246,3 +246,47 @@ def test_a_run_without_spaces_is_cut_between_graphemes_and_joins_back_unchanged(
     assert len(segment(marks, 400)) == 4 and join([p for p, _ in segment(marks, 400)], segment(marks, 400)) == marks
     nbsp = "word\u00a0" * 119 + "word"  # any whitespace may end a chunk, not only an ASCII space
     assert [len(p) for p, _ in segment(nbsp, 400)] == [399, 199]
+
+
+def test_a_record_left_cut_is_marked_and_the_ingress_does_not_cache_it(tiny_marian_dir, marian_backend, loop,
+                                                                        monkeypatch):
+    """A second pass that failed (a replica lost mid-call) left the first pass's cut translation, which the ingress
+    cached for cache.ttl_s (an hour): later requests got the cut text after the service had recovered."""
+    from tests.unit.fakes import FakeEmbedder, FakeTranslator
+
+    replica = _cut_replica(tiny_marian_dir)
+    _, cut_paragraph, kept = cases(marian_backend)
+    first, calls = replica.backend.translate, []
+
+    def second_fails(texts, source, target):
+        calls.append(list(texts))
+        if len(calls) > 1:  # the paragraph's pieces
+            raise RuntimeError("replica lost")
+        return first(texts, source, target)
+    monkeypatch.setattr(replica.backend, "translate", second_fails)
+    texts, _ = loop.run_until_complete(replica.translate(Chunk("en", "de", [cut_paragraph, kept])))
+    assert isinstance(texts[0], CutText) and not isinstance(texts[1], CutText)
+
+    class Cutting(FakeTranslator):  # the ingress's side: a Translator answering one record cut
+        async def call(self, method, *args, background=False):
+            answer = await super().call(method, *args, background=background)
+            if method != "translate":
+                return answer
+            out, batch = answer
+            return [CutText(t) if "long" in t else t for t in out], batch
+
+    from serve_app.cache import ResponseCache
+    from serve_app.schemas import TranslationPayload
+    from serve_app.service import Service
+    from serve_app.settings import load_settings
+
+    translator = Cutting()
+    settings = load_settings({})
+    service = Service(settings, translator=translator, embedder=FakeEmbedder(),
+                      cache=ResponseCache.from_settings(settings.cache))
+    payload = TranslationPayload(fromLang="en", toLang="pt", records=[{"id": "1", "text": "a long one"},
+                                                                        {"id": "2", "text": "short"}])
+    for _ in range(2):
+        response, _ = loop.run_until_complete(service.translate(payload))
+        assert [r.text for r in response.result] == ["[pt] a long one", "[pt] short"]
+    assert [list(c.texts) for c in translator.calls] == [["a long one", "short"], ["a long one"]]  # cut: not kept
