@@ -46,8 +46,8 @@ LEAN_SERVE_TICKS = {
     # The controller's loop (Ray's default 0.1 s): autoscaling decisions, replica state changes,
     # long-poll pushes to routers. 0.5 s adds at most 0.4 s to a reaction; upscale_delay_s is 5 s.
     "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5",
-    # How often each replica hands its cached custom metrics (serve_app_*, request counters) to Ray
-    # (default 100 ms); Ray exports them every 10 s and Prometheus scrapes every 10-15 s anyway.
+    # How often each replica hands Serve's own cached request and error counters to Ray (default 100 ms;
+    # serve_app_* metrics are recorded as they happen); Ray exports every 10 s, Prometheus scrapes every 10-15 s.
     "RAY_SERVE_METRICS_EXPORT_INTERVAL_MS": "1000",
 }
 

@@ -82,9 +82,10 @@ def batch_figures(before: dict, after: dict, model: str) -> dict:
     def delta(name: str) -> float:
         return total(after, name, model=model) - total(before, name, model=model)
 
+    # (exact counters: Ray exports a histogram's _sum from its bucket midpoints)
     batches = delta("serve_app_batch_records_count")
-    records = delta("serve_app_batch_records_sum")
-    seconds = delta("serve_app_model_seconds_sum")
+    records = delta("serve_app_records_batched_total")
+    seconds = delta("serve_app_model_busy_seconds_total")
     if batches <= 0:
         return {"batches": 0}
     return {"batches": int(batches), "records": int(records),
@@ -103,7 +104,7 @@ def settled_reading(url: str, model: str, quiet_s: float = REPORT_INTERVAL_S + 2
     of earlier cells, warm-ups and bursts is all in it), or after `timeout_s`."""
     def counts(reading: dict) -> tuple[float, float]:
         return (total(reading, "serve_app_records_total", model=model),
-                total(reading, "serve_app_batch_records_sum", model=model))
+                total(reading, "serve_app_records_batched_total", model=model))
 
     reading = scrape(url)
     count = counts(reading)

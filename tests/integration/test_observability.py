@@ -80,6 +80,8 @@ WATCHED = [
     ("serve_app_model_seconds_count", {"model": "Translator"}),
     ("serve_app_queue_wait_seconds_count", {"model": "Translator"}),
     ("serve_app_records_total", {"model": "Embedder"}),
+    ("serve_app_records_batched_total", {"model": "Translator"}),  # the exact sums the dashboard divides
+    ("serve_app_model_busy_seconds_total", {"model": "Translator"}),
 ]
 
 

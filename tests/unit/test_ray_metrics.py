@@ -1,4 +1,5 @@
-"""tests/ray_metrics.py: the batch figures a bench cell reads from Ray's metrics endpoint (no Ray)."""
+"""tests/ray_metrics.py: the batch figures a bench cell reads from Ray's metrics endpoint (no Ray), from the exact
+counters, not the histograms' _sum (which Ray exports from bucket midpoints: 0.5 here, whatever was observed)."""
 
 from tests import ray_metrics
 
@@ -7,18 +8,22 @@ EXPOSITION = """\
 # TYPE ray_serve_app_batch_records histogram
 ray_serve_app_batch_records_bucket{{model="Translator",replica="a",le="+Inf"}} {a_count}
 ray_serve_app_batch_records_count{{model="Translator",replica="a"}} {a_count}
-ray_serve_app_batch_records_sum{{model="Translator",replica="a"}} {a_sum}
+ray_serve_app_batch_records_sum{{model="Translator",replica="a"}} 0.5
+ray_serve_app_records_batched_total{{model="Translator",replica="a"}} {a_sum}
 ray_serve_app_batch_records_bucket{{model="Translator",replica="b",le="+Inf"}} {b_count}
 ray_serve_app_batch_records_count{{model="Translator",replica="b"}} {b_count}
-ray_serve_app_batch_records_sum{{model="Translator",replica="b"}} {b_sum}
+ray_serve_app_batch_records_sum{{model="Translator",replica="b"}} 0.5
+ray_serve_app_records_batched_total{{model="Translator",replica="b"}} {b_sum}
 ray_serve_app_batch_records_bucket{{model="Embedder",replica="c",le="+Inf"}} 7
 ray_serve_app_batch_records_count{{model="Embedder",replica="c"}} 7
 ray_serve_app_batch_records_sum{{model="Embedder",replica="c"}} 700
+ray_serve_app_records_batched_total{{model="Embedder",replica="c"}} 700
 # HELP ray_serve_app_model_seconds Model time of one batch, in seconds.
 # TYPE ray_serve_app_model_seconds histogram
 ray_serve_app_model_seconds_bucket{{model="Translator",replica="a",le="+Inf"}} {a_count}
 ray_serve_app_model_seconds_count{{model="Translator",replica="a"}} {a_count}
-ray_serve_app_model_seconds_sum{{model="Translator",replica="a"}} {a_s}
+ray_serve_app_model_seconds_sum{{model="Translator",replica="a"}} 0.5
+ray_serve_app_model_busy_seconds_total{{model="Translator",replica="a"}} {a_s}
 """
 
 
