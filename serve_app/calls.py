@@ -16,18 +16,30 @@ def resolve_pair(source: str, target: str, supported: Sequence[str]) -> tuple[st
     """Map the request's codes onto a supported `src-tgt` pair.
 
     Codes are case-insensitive and `_` equals `-`; a regional code such as
-    `pt-BR` falls back to its language (`pt`) when the model has no regional pair.
+    `pt-BR` falls back to its language (`pt`) when the model has no regional pair, one subtag at a
+    time (`zh-Hant-TW`, `zh-Hant`), but never past a script: `sr-Latn` is refused where the model
+    writes Serbian only in Cyrillic, not answered in it.
     """
-    src, tgt = normalise_language(source), normalise_language(target)
     pairs = set(supported)
-    for s in dict.fromkeys((src, src.split("-")[0])):
-        for t in dict.fromkeys((tgt, tgt.split("-")[0])):
+    for s in _fallbacks(normalise_language(source)):
+        for t in _fallbacks(normalise_language(target)):
             if f"{s}-{t}" in pairs:
                 return s, t
     listed = ", ".join(sorted(pairs)[:50]) + (" ..." if len(pairs) > 50 else "")
     raise UnsupportedLanguagePair(
         f"Unsupported language pair {source!r} -> {target!r}. Supported pairs: {listed}."
     )
+
+
+def _fallbacks(code: str) -> list[str]:
+    """`code`, then shorter by one subtag at a time, stopping before a script subtag would be dropped
+    (four letters, ISO 15924: `hant`, `latn`)."""
+    parts, found = code.split("-"), [code]
+    for n in range(len(parts) - 1, 0, -1):
+        if len(parts[n]) == 4 and parts[n].isalpha():
+            break
+        found.append("-".join(parts[:n]))
+    return found
 
 
 def check_dimensions(model: str, requested: Optional[int], served: Optional[int]) -> None:

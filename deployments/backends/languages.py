@@ -103,6 +103,14 @@ ISO_TO_FLORES: dict[str, str] = {
     "xh": "xho_Latn",
     "yo": "yor_Latn",
     "zh": "zho_Hans",
+    # Chinese in its two scripts: a script (Hant, Hans) or a region that writes one (TW, HK, MO; CN, SG)
+    "zh-hant": "zho_Hant",
+    "zh-tw": "zho_Hant",
+    "zh-hk": "zho_Hant",
+    "zh-mo": "zho_Hant",
+    "zh-hans": "zho_Hans",
+    "zh-cn": "zho_Hans",
+    "zh-sg": "zho_Hans",
     "zu": "zul_Latn",
 }
 

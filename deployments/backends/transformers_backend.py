@@ -120,12 +120,14 @@ class TransformersBackend(TranslationBackend):
     def supported_pairs(self) -> list[LanguagePair]:
         if self._pair is not None:
             return [self._pair]
-        return [LanguagePair(s, t) for s in self._languages for t in self._languages if s != t]
+        ids = self._lang_token_ids  # (two codes of one language token, nb and no: not a pair)
+        return [LanguagePair(s, t) for s in self._languages for t in self._languages if ids[s] != ids[t]]
 
     def supports(self, source: str, target: str) -> bool:
         if self._pair is not None:
             return LanguagePair(source, target) == self._pair
-        return source != target and source in self._lang_token_ids and target in self._lang_token_ids
+        ids = self._lang_token_ids
+        return source in ids and target in ids and ids[source] != ids[target]
 
     def describe(self) -> dict:
         return {
