@@ -206,7 +206,9 @@ def screened_generate(model):
         except UnsupportedModel:
             rules = None
         screened = None if rules is None else ScreenedLogits(head, screen, rules["eos"], rules["bad"])
-        head._serve_app_logits = screened
+        # Not through nn.Module's __setattr__, which would register it as the head's submodule: it holds the head,
+        # so the model would contain itself (eval(), state_dict() and repr() recursing without end).
+        object.__setattr__(head, "_serve_app_logits", screened)
     if screened is None:
         yield
         return

@@ -111,23 +111,26 @@ class StepGraphs:
                 self.clear()
                 return forward()  # again: it writes the same buffers as the warm-up did (idempotent)
             self.captures += 1
-        found[0].replay()
+        found[0].replay()  # (CUDAGraph.replay guards its capture stream's device itself)
         return found[1]
 
     def _capture(self, forward: Callable[[], object]) -> tuple:
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):  # warm-up: the same call, writing the same buffers
-            forward()
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        try:
-            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-                out = forward()
-        except RuntimeError as exc:
-            raise GraphCaptureError(str(exc)) from exc
+        # On this device throughout: torch.cuda.graph's own capture stream is made on the current device (cuda:0)
+        # and kept for the class, so on `cuda:N` the model's kernels went to another stream, uncaptured.
+        with torch.cuda.device(self.device):
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            stream = torch.cuda.Stream(self.device)
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream):  # warm-up: the same call, writing the same buffers
+                forward()
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            try:
+                with torch.cuda.graph(graph, pool=self._pool, stream=stream, capture_error_mode="thread_local"):
+                    out = forward()
+            except RuntimeError as exc:
+                raise GraphCaptureError(str(exc)) from exc
         return graph, out
 
 
