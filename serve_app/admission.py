@@ -16,7 +16,7 @@ from collections import deque
 from typing import Callable, Optional
 
 from .errors import Overloaded, ShuttingDown
-from .observability import route_path
+from .observability import SHED_SCOPE_KEY, route_path
 
 
 class DrainState:
@@ -158,6 +158,7 @@ class AdmissionControl:
                 limit, len(self.per_key) + (key not in self.per_key), self.configured_keys()):
             self.shed_fair_share += 1
             self.shed += 1
+            scope[SHED_SCOPE_KEY] = "fair_share"
             message = (f"This API key holds its share of the service's capacity; retry after {retry} s "
                        "(other keys' requests are still admitted).")
             return await Overloaded(message, retry_after_s=retry).to_response(scope)(scope, receive, send)
@@ -199,6 +200,7 @@ class AdmissionControl:
 
     async def _refuse(self, scope, receive, send, retry: int):
         """503 shutting_down while the replica drains, else 503 overloaded; both with Retry-After."""
+        scope[SHED_SCOPE_KEY] = "draining" if DRAIN.draining else "capacity"
         if DRAIN.draining:
             error = ShuttingDown(f"The service is shutting down; retry after {retry} s.", retry_after_s=retry)
         else:

@@ -21,6 +21,8 @@ access_logger = logging.getLogger("ray.serve.serve_app.access")
 
 #: where a route records how many records (texts) its request carried
 RECORDS_SCOPE_KEY = "serve_app.records"
+#: why admission refused a request (serve_app/admission.py): `capacity`, `fair_share` or `draining`
+SHED_SCOPE_KEY = "serve_app.shed"
 
 #: routes kept as metric labels; anything else is "other" (bounded label cardinality)
 KNOWN_ROUTES = ("/translation", "/embeddings", "/v1/embeddings", "/healthz", "/readyz", "/v1/models",
@@ -57,6 +59,7 @@ class RequestRecorder:
     def __init__(self) -> None:
         self.requests: Tally = Tally()   # (route, status) -> count
         self.errors: Tally = Tally()     # (route, error_type) -> count
+        self.shed: Tally = Tally()       # reason -> count (all of them 503s: overloaded, or shutting_down)
         self._prometheus: Optional[tuple] = None
         self._prometheus_tried = False
 
@@ -79,6 +82,10 @@ class RequestRecorder:
                         Histogram("serve_app_request_seconds",
                                   description="Request latency at the ingress, by route, in seconds.",
                                   boundaries=LATENCY_BOUNDARIES_S, tag_keys=("route",)),
+                        Counter("serve_app_shed_total",
+                                description="Requests the Ingress's admission refused (503), by reason: capacity "
+                                "(the replica and its waiting room full), fair_share (the API key held its share), "
+                                "draining (shutting down).", tag_keys=("reason",)),
                     )
             except Exception:  # pragma: no cover - metrics must never break a request
                 logging.getLogger("serve_app").exception("ingress metrics unavailable")
@@ -92,13 +99,17 @@ class RequestRecorder:
         self.requests[(route, status)] += 1
         if error_type:
             self.errors[(route, error_type)] += 1
+        if shed := scope.get(SHED_SCOPE_KEY):
+            self.shed[shed] += 1
         metrics = self._metrics()
         if metrics is not None:
             try:
-                requests, errors, latency = metrics
+                requests, errors, latency, refused = metrics
                 requests.inc(tags={"route": route, "status": str(status)})
                 if error_type:
                     errors.inc(tags={"route": route, "error_type": error_type})
+                if shed:
+                    refused.inc(tags={"reason": shed})
                 latency.observe(seconds, tags={"route": route})
             except Exception:  # pragma: no cover
                 logging.getLogger("serve_app").exception("could not record ingress metrics")

@@ -36,9 +36,13 @@ def test_requests_past_the_limit_wait_for_a_slot_instead_of_a_503(client):  # no
 
 
 def test_a_full_waiting_room_is_refused_at_once(client):  # noqa: F811
+    from serve_app.api import recorder
+
     install(FakeTranslator(delay_s=1.0), ingress={"max_inflight_requests": 2, "max_waiting_requests": 1,
                                                   "max_wait_s": 10, "retry_after_s": 3})
+    before = recorder.shed["capacity"]
     results = _send_all(client, 6)
+    assert recorder.shed["capacity"] - before == 3  # serve_app_shed_total{reason="capacity"}
     assert sorted(r.status_code for r in results) == [200, 200, 200, 503, 503, 503]
     for r in results:
         if r.status_code == 503:

@@ -139,8 +139,14 @@ def test_a_flooding_key_is_shed_while_another_keys_requests_get_through():
             done = await asyncio.gather(*flood, *others)
             return [t.result() for t in shed_a], late_a, done[-2:], done[:20]
 
+    from serve_app.api import recorder
+
+    before = dict(recorder.shed)
     shed_a, late_a, others, flood = asyncio.run(scenario())
     set_service(None)
+    # told apart in serve_app_shed_total{reason}: one key flooding, not the service full (both are `overloaded`)
+    assert recorder.shed["fair_share"] - before.get("fair_share", 0) == 17
+    assert recorder.shed["capacity"] == before.get("capacity", 0)
     assert len(shed_a) == 16 and all(r.status_code == 503 for r in shed_a)
     assert all(r.json()["error_type"] == "overloaded" and r.headers["Retry-After"] == "2" for r in shed_a)
     assert late_a.status_code == 503 and "share" in late_a.json()["error"]
