@@ -18,6 +18,7 @@ replicas compute job records only when no interactive request waits.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from typing import Any, Optional
@@ -30,6 +31,7 @@ from ..model_clients import INGRESS_DEPLOYMENT, HandleClient, ModelClient, ViaIn
 from ..placement import Handle, handle_client, model_clients
 from ..settings import AppSettings
 from .job import ANONYMOUS
+from .metrics import JobGauges, export_forever
 from .runner import JobRunner
 
 logger = logging.getLogger("ray.serve")
@@ -70,6 +72,7 @@ class JobManager:
         self.runner = JobRunner(self.settings, clients, cluster=os.environ.get(CLUSTER_NAME_ENV, ""))
         # Takes the store's lease and resumes the queued and running jobs of a previous replica.
         await self.runner.start()
+        self._gauges = asyncio.create_task(export_forever(self.runner.stats, JobGauges()), name="job-gauges")
         jobs = self.settings.jobs
         logger.info("JobManager ready: store %s (%s), cluster %r, holding its lease: %s", jobs.store,
                     jobs.redis_url if jobs.store == "redis" else jobs.store_path, self.runner.store.cluster,
@@ -100,4 +103,5 @@ class JobManager:
         # Graceful stop (Serve calls this): the jobs stay queued or running in the store, where
         # the next replica resumes them; the lease is released at once.
         self.health.shut_down()
+        self._gauges.cancel()
         await self.runner.stop()
