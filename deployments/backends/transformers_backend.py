@@ -120,24 +120,20 @@ class TransformersBackend(TranslationBackend):
     def supported_pairs(self) -> list[LanguagePair]:
         if self._pair is not None:
             return [self._pair]
-        ids = self._lang_token_ids  # (two codes of one language token, nb and no: not a pair)
-        return [LanguagePair(s, t) for s in self._languages for t in self._languages if ids[s] != ids[t]]
+        return [LanguagePair(s, t) for s in self._languages for t in self._languages if self.supports(s, t)]
 
     def supports(self, source: str, target: str) -> bool:
         if self._pair is not None:
             return LanguagePair(source, target) == self._pair
-        ids = self._lang_token_ids
+        ids = self._lang_token_ids  # (two codes of one language token, nb and no: not a pair)
         return source in ids and target in ids and ids[source] != ids[target]
 
     def describe(self) -> dict:
         return {
             "device": self.device,
             "dtype": str(self.dtype).replace("torch.", ""),
-            "num_beams": self.num_beams,
-            "max_new_tokens": self.max_new_tokens,
-            "min_new_tokens": self.min_new_tokens,
-            "model_type": self.model_type,
-            "family": self.family,
+            "num_beams": self.num_beams, "max_new_tokens": self.max_new_tokens, "min_new_tokens": self.min_new_tokens,
+            "model_type": self.model_type, "family": self.family,
             "cpu_weight_layout": weight_layout(self.model),
         }
 
