@@ -14,7 +14,7 @@ done = function(summary, latency, requests)
   local e = summary.errors
   io.write(string.format(
     'BENCH_JSON {"requests":%d,"duration_us":%d,"connect":%d,"read":%d,"write":%d,"status":%d,"timeout":%d,' ..
-    '"p50_us":%d,"p95_us":%d,"p99_us":%d,"max_us":%d}\n',
+    '"p50_us":%d,"p95_us":%d,"p99_us":%d,"max_us":%d,"mean_us":%.1f}\n',
     summary.requests, summary.duration, e.connect, e.read, e.write, e.status, e.timeout,
-    latency:percentile(50), latency:percentile(95), latency:percentile(99), latency.max))
+    latency:percentile(50), latency:percentile(95), latency:percentile(99), latency.max, latency.mean))
 end

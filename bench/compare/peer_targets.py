@@ -31,6 +31,11 @@ def _verdict(figure: Optional[float], ok) -> Optional[bool]:
     return None if figure is None else bool(ok(figure))
 
 
+def _judged(numerator: Optional[float], denominator: Optional[float], ok) -> tuple[Optional[float], Optional[bool]]:
+    """(the ratio for display, rounded; the verdict on the unrounded quotient: 0.7496 rounds to 0.75 and is not met)."""
+    return stats.ratio(numerator, denominator), _verdict(stats.quotient(numerator, denominator), ok)
+
+
 def capacity_rps(cells: list[dict], contender: str) -> Optional[float]:
     """A contender's capacity in the run: its best closed-loop requests/s at 1 record per request."""
     best = stats.saturation(cells, contender, WORKLOAD, 1)
@@ -71,27 +76,25 @@ def targets(results: dict, project: str, peers: list[str]) -> list[dict]:
         theirs = {p: stats.cell_at(cells, p, WORKLOAD, records, clients) for p in peers}
         measured = {p: c["records_per_s"] for p, c in theirs.items() if c}
         best = max(measured, key=measured.get) if measured else None
-        lead = stats.ratio(mine and mine["records_per_s"], best and measured[best])
         need = LEAD_MARGIN if clients in LEAD_MARGIN_AT else 1.0
+        lead, met = _judged(mine and mine["records_per_s"], best and measured[best],
+                            lambda x, need=need: x >= need if need > 1 else x > 1.0)
         out.append(_row(f"{clients} clients x {records} text: ahead of every peer"
                         + (f" by >= {LEAD_MARGIN - 1:.0%}" if need > 1 else "") + " (ratio to the best peer)",
-                        lead, _verdict(lead, lambda x: x >= need if need > 1 else x > 1.0),
+                        lead, met,
                         f"best peer: {best}" if best else "no peer measured", versus_peers=True))
     at64 = stats.cell_at(cells, project, WORKLOAD, 1, 64)
-    vs_off = stats.ratio(at64 and at64["records_per_s"], offline.get("records_per_s"))
-    out.append(_row(f"64 clients x 1 text: served >= {VS_OFFLINE_AT_64} x the offline limit", vs_off,
-                    _verdict(vs_off, lambda x: x >= VS_OFFLINE_AT_64),
+    vs_off, met = _judged(at64 and at64["records_per_s"], offline.get("records_per_s"), lambda x: x >= VS_OFFLINE_AT_64)
+    out.append(_row(f"64 clients x 1 text: served >= {VS_OFFLINE_AT_64} x the offline limit", vs_off, met,
                     f"offline ({engine}) {offline.get('records_per_s')} texts/s at batch {offline.get('best_batch')}"))
     one = stats.cell_at(cells, project, WORKLOAD, 1, 1)
     batch_1 = offline.get("batches", {}).get(1, offline.get("batches", {}).get("1", {})).get("batch_s")
-    p50 = stats.ratio(one and one["p50_ms"], batch_1 and batch_1 * 1000)
-    out.append(_row(f"1 client: p50 <= {P50_VS_BATCH_OF_1} x the offline batch-of-1 time", p50,
-                    _verdict(p50, lambda x: x <= P50_VS_BATCH_OF_1),
+    p50, met = _judged(one and one["p50_ms"], batch_1 and batch_1 * 1000, lambda x: x <= P50_VS_BATCH_OF_1)
+    out.append(_row(f"1 client: p50 <= {P50_VS_BATCH_OF_1} x the offline batch-of-1 time", p50, met,
                     f"p50 {one and one['p50_ms']} ms, batch of 1 ({engine}) {batch_1 and round(batch_1 * 1000, 2)} ms"))
     storm, capacity = storm_cell(cells, project), capacity_rps(cells, project)
-    goodput = stats.ratio(storm and storm["goodput_rps"], capacity)
-    out.append(_row(f"storm: goodput >= {STORM_GOODPUT} x capacity", goodput,
-                    _verdict(goodput, lambda x: x >= STORM_GOODPUT),
+    goodput, met = _judged(storm and storm["goodput_rps"], capacity, lambda x: x >= STORM_GOODPUT)
+    out.append(_row(f"storm: goodput >= {STORM_GOODPUT} x capacity", goodput, met,
                     f"{storm and storm['goodput_rps']} ok/s of {capacity} req/s" if storm else "no storm cell"))
     refused = (storm or {}).get("statuses", {}).get("503") or {}
     p99 = refused.get("p99_ms")

@@ -57,10 +57,17 @@ def half_load_rate(saturated: Optional[dict], fraction: float = 0.5) -> Optional
 
 
 def ratio(numerator: Optional[float], denominator: Optional[float]) -> Optional[float]:
-    """numerator / denominator rounded to 3 places; None when either is missing or the divisor is 0."""
+    """numerator / denominator rounded to 3 places (for display: judge a target on `quotient`); None when either
+    is missing or the divisor is 0."""
+    exact = quotient(numerator, denominator)
+    return None if exact is None else round(exact, 3)
+
+
+def quotient(numerator: Optional[float], denominator: Optional[float]) -> Optional[float]:
+    """numerator / denominator, unrounded; None when either is missing or the divisor is 0."""
     if numerator is None or not denominator:
         return None
-    return round(numerator / denominator, 3)
+    return numerator / denominator
 
 
 def best_batch(batches: dict[int, dict]) -> Optional[int]:

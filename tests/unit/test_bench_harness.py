@@ -84,6 +84,32 @@ def test_parse_wrk_reads_the_line_closed_lua_prints():
         parse_wrk("wrk: connection refused")
 
 
+def test_a_closed_cell_s_rate_is_little_s_law_not_the_answers_in_its_window():
+    """32 clients x 16 texts, ~1.2 s a request, 8 s: a server answering its 32 requests at once finishes 6 rounds in
+    the window (its 7th still computing when wrk stops), one answering evenly ~213 requests; both serve 437 texts/s.
+    Counted in the window, the first served 12 % less. Little's law (clients / mean latency) gives both 437."""
+    def raw(requests, mean_s, **errors):
+        return {"requests": requests, "duration_us": 8_000_000, "connect": 0, "read": 0, "write": 0, "status": 0,
+                "timeout": 0, "p50_us": 1, "p95_us": 1, "p99_us": 1, "max_us": 1, "mean_us": mean_s * 1e6, **errors}
+    at_once = closed_cell_figures(raw(192, 32 * 16 / 437), records=16, concurrency=32)
+    evenly = closed_cell_figures(raw(213, 32 * 16 / 437), records=16, concurrency=32)
+    assert at_once["records_per_s"] == evenly["records_per_s"] == pytest.approx(437, rel=1e-3)
+    assert at_once["window_requests_per_s"] * 16 == pytest.approx(384)
+    half_refused = closed_cell_figures(raw(100, 0.5, status=50), records=1, concurrency=4)
+    assert half_refused["requests_per_s"] == pytest.approx(4)  # 8 requests/s, half of them OK
+    timed_out = closed_cell_figures(raw(100, 0.5, timeout=3), records=1, concurrency=4)
+    assert timed_out["requests_per_s"] == pytest.approx(100 / 8)  # a client lost time outside the mean: the window
+
+
+def test_a_target_is_judged_on_the_unrounded_ratio():
+    """0.7496 rounded to 0.75 and was judged met; a lead of 1.09975 passed the 10 % margin."""
+    from bench.compare import peer_targets
+
+    assert peer_targets._judged(439.8, 586.7, lambda x: x >= 0.75) == (0.75, False)
+    assert peer_targets._judged(109.975, 100.0, lambda x: x >= 1.10) == (1.1, False)
+    assert peer_targets._judged(110.0, 100.0, lambda x: x >= 1.10) == (1.1, True)
+
+
 def test_target_bodies_follow_each_contract():
     texts = ("a", "b", "c")
     assert Target("u", "/embeddings", "embeddings", 1, texts).body(1) == {"input": "b"}
