@@ -328,6 +328,13 @@ GPU_PROFILE: dict[str, Any] = {
     },
 }
 
+def placed_models(models: list[dict]) -> list[dict]:
+    """Every model of `models` placed in the Ingress (only the first had been: a model added as
+    docs/your-own-model.md says was missing from what `make run` serves)."""
+    return [{**model, "placement": Why("ingress", "Loaded by each Ingress replica: no Model.<name> deployment.")}
+            for model in models]
+
+
 #: cpu with every model placed in the Ingress (`placement: ingress`, serve_app/ingress.py): no
 #: Translator, Embedder or Model.iris deployment; each Ingress replica loads the models and batches
 #: their requests in-process, so a request costs no Ray call between processes. Measured on the
@@ -338,8 +345,7 @@ CPU_PLACED_PROFILE: dict[str, Any] = {
         "embeddings": {"placement": Why("ingress", "Loaded by each Ingress replica: no Embedder deployment."),
                        "engine": Why("onnx", "ONNX Runtime: 1.55 x torch's texts/s at 1 client, 1.6 x at 8, 230 MiB "
                                              "less PSS; make install exports it once (docs/benchmarks/onnx.md).")},
-        "models": [{**BASE_ARGS["models"][0],
-                    "placement": Why("ingress", "Loaded by each Ingress replica: no Model.iris deployment.")}],
+        "models": placed_models(BASE_ARGS["models"]),
     },
     "deployments": {
         "Ingress": {

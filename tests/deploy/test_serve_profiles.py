@@ -231,3 +231,14 @@ def test_every_number_in_the_profiles_is_explained_somewhere():
 def test_unknown_profile_is_an_error():
     with pytest.raises(KeyError, match="profiles: cpu, gpu"):
         sp.annotated_config("tpu", "local")
+
+
+
+def test_every_model_of_the_base_is_placed_in_the_profile_make_run_serves():
+    """docs/your-own-model.md adds a model to BASE_ARGS["models"]: the placed profile (`make run`) took only the
+    first, so a model added after iris was in every rendered config but the one `make run` serves."""
+    mine = {"name": "mine", "module": "examples.iris_classifier"}
+    placed = sp.plain({"models": sp.placed_models([*sp.BASE_ARGS["models"], mine])})["models"]
+    assert [(m["name"], m["placement"]) for m in placed] == [("iris", "ingress"), ("mine", "ingress")]
+    served = sp.plain(sp.CPU_PLACED_PROFILE)["args"]["models"]
+    assert served == sp.plain({"models": sp.placed_models(sp.BASE_ARGS["models"])})["models"]
