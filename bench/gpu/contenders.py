@@ -104,6 +104,14 @@ class ContinuousEngine:
     async def close(self) -> None:
         self.scheduler.shutdown()
 
+    async def recorded(self, timeout_s: float = 5.0) -> None:
+        """Once the iteration under way has ended: a step's callers are answered before its outcome reaches
+        `_record`, so right after the last answer the last step may not be in `steps` yet (a slowest request
+        counted one step short of its tokens on a loaded machine)."""
+        deadline = time.monotonic() + timeout_s
+        while self.scheduler.iteration_began is not None and time.monotonic() < deadline:
+            await asyncio.sleep(0.001)
+
     async def translate(self, text: str) -> str:
         (out, _batch) = await asyncio.wrap_future(self.scheduler.submit([text], SOURCE, TARGET))
         return out[0]

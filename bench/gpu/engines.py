@@ -101,6 +101,7 @@ async def open_loop(engine, texts: list[str], rate: float, seed: int, solo: dict
     if engine_ratios:
         cell["p50_over_solo_continuous"] = round(pct(engine_ratios, 0.5), 2)
     if isinstance(engine, ContinuousEngine):  # where the slowest request's time went: its steps, others' joins
+        await engine.recorded()
         whole = life_of(engine.starts, engine.steps, began, ended)
         cell["decoding_busy_fraction"] = round(whole["steps_s"] / (ended - began), 2)
         latency, arrival, text = max(lives)
