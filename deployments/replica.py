@@ -1,8 +1,9 @@
 """What every model deployment shares: thread sizing, the intake into the model queue, batch knobs.
 
 A model deployment (Translator, Embedder, CustomModel) subclasses `ModelReplica`. Its pieces, each in its own module:
-the intake through `@serve.batch` (intake.py), the model thread and its queue (model_queue.py), interactive calls before job work (priority.py), health (health.py),
-metrics (metrics.py), its `user_config`'s batch knobs (batch_config.py), the SLO-adaptive size (adaptive_batching.py).
+the intake through `@serve.batch` (intake.py), the model thread and its queue (model_queue.py), interactive calls
+before job work (priority.py), health (health.py), metrics (metrics.py), its `user_config`'s batch knobs
+(batch_config.py), the SLO-adaptive size (adaptive_batching.py).
 """
 
 from __future__ import annotations

@@ -2,10 +2,11 @@
 
 Retried: a 503 (the service said "not now": overloaded, shutting down, a model restarting) and a
 transport error (connection refused or reset, a timeout); a job submission, which its Idempotency-Key makes
-safe to send again, also after a 502 or 504. Not retried: anything else, which is an answer. Each wait is the 503's `Retry-After` (seconds or an HTTP date; else `default_wait_s`),
-lengthened by up to `jitter` of it at random so that clients turned away together do not return
-together, and capped by `max_retry_wait_s` (at the cap, spread over its last `jitter`). A call stops after `max_retries` retries, or when its next wait would pass
-`deadline_s` (counted from the call's start); each attempt's timeout is at most what remains.
+safe to send again, also after a 502 or 504. Not retried: anything else, which is an answer. Each wait is
+the 503's `Retry-After` (seconds or an HTTP date; else `default_wait_s`), lengthened by up to `jitter` of it
+at random so that clients turned away together do not return together, and capped by `max_retry_wait_s`
+(at the cap, spread over its last `jitter`). A call stops after `max_retries` retries, or when its next wait
+would pass `deadline_s` (counted from the call's start); each attempt's timeout is at most what remains.
 """
 
 from __future__ import annotations
