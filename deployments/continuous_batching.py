@@ -1,5 +1,4 @@
-"""Continuous (iteration-level) scheduling of translation: sequences join and leave the decoding
-batch at every step.
+"""Continuous (iteration-level) scheduling of translation: sequences join and leave the decoding batch at every step.
 
 `ContinuousScheduler` runs a `ContinuousDecoder` (deployments/backends/continuous_decoder.py) on
 its own thread. Callers submit calls (a language pair and some texts); each text becomes one
@@ -177,11 +176,10 @@ class ContinuousScheduler:
                     background_room -= 1
         return joining
 
-    def _admit(self) -> list[DecodeRequest]:
-        """Under the lock: take the admissible sequences out of the queue, and the done calls' ones before them."""
-        joining = self._joining = self._admissible()  # failed with the rest if an error stops the thread
-        taken = iter(joining)
-        following = next(taken, None)
+    def _admit(self, admissible: list[DecodeRequest]) -> list[DecodeRequest]:
+        """Under the lock: take `admissible` out of the queue, and the done calls' sequences before them."""
+        joining = self._joining = admissible  # failed with the rest if an error stops the thread
+        following = next(taken := iter(joining), None)
         for priority in sorted(self._waiting):
             queue = self._waiting[priority]
             while queue and (queue[0] is following or queue[0].tag[0].future.done()):
@@ -191,13 +189,15 @@ class ContinuousScheduler:
                     self._dropped += request.tag[0].future.cancelled()
         return joining
 
-    def _many_can_join(self) -> bool:
-        """Under the lock: the batch is empty, or half of max_running_sequences or more would join now (not
-        counting waiting sequences that a cap holds back or whose call is done: they are no reason to rebuild)."""
-        if not self.decoder.running:
-            return True
-        room = self.max_running_sequences - self.decoder.running
-        return 2 * room >= self.max_running_sequences and 2 * len(self._admissible()) >= self.max_running_sequences
+    def _joining_now(self) -> Optional[list[DecodeRequest]]:
+        """Under the lock: the sequences taken to join before the next step, or None: no rebuild of the batch before
+        the join_interval_steps-th step unless nothing runs or half a batch would join (capped or done: not counted)."""
+        if self._steps_since_join + 1 >= self.join_interval_steps or not self.decoder.running:
+            return self._admit(self._admissible())
+        half = self.max_running_sequences
+        if 2 * (half - self.decoder.running) < half or 2 * len(admissible := self._admissible()) < half:
+            return None
+        return self._admit(admissible)
 
     def _fits(self, joining: list[DecodeRequest]) -> bool:
         if self.max_cached_tokens is None or (self.decoder.running == 0 and len(joining) == 1):
@@ -214,10 +214,10 @@ class ContinuousScheduler:
                         self._cond.wait()
                     if self._closed:
                         break
-                    rebuild = self._steps_since_join + 1 >= self.join_interval_steps or self._many_can_join()
-                    joining = self._admit() if rebuild else []
+                    joining = self._joining_now()
+                rebuild = joining is not None
                 self._steps_since_join = 0 if rebuild else self._steps_since_join + 1
-                self._iterate(joining, rebuild)
+                self._iterate(joining or [], rebuild)
                 self.iteration_began = None
         except BaseException as exc:  # noqa: BLE001 - outside a step's own handling: no call would ever be answered
             logger.exception("continuous decoding stopped: this replica decodes nothing more")
