@@ -15,7 +15,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
 
-from .backends.libc import libc_function
+from .backends.libc import name_native_thread
 from .batching import RanAlone
 from .errors import deliverable
 from .priority import Priority
@@ -73,7 +73,7 @@ class BatchOutcome:
 class ModelQueue:
     """The replica's model thread and the queue in front of it.
 
-    Callers submit one *call* at a time (an item of records and the function that computes a
+    Callers submit *calls*, one or several at once (an item of records and the function that computes a
     list of items). Each time the thread is free it takes the oldest waiting call of the
     highest priority and joins to it, in arrival order, every other waiting call of that
     priority and function while their records fit the first call's `cap` (its queue's live
@@ -113,13 +113,20 @@ class ModelQueue:
                cap: Union[int, Callable[[], int], None] = None) -> Future:
         """Queue one call; its future resolves to `(output, records of its batch, the batch's start on perf_counter)`
         or raises its exception. `cap`: the most records of a batch it starts (a function: read as the batch starts)."""
-        entry = _Entry(item, records, compute, records if cap is None else cap if callable(cap) else max(int(cap), 1))
+        return self.submit_all(compute, [(item, records)], priority, cap)[0]
+
+    def submit_all(self, compute: Compute, calls: list[tuple[Any, int]], priority: int = Priority.INTERACTIVE,
+                   cap: Union[int, Callable[[], int], None] = None) -> list[Future]:
+        """Queue `(item, records)` calls at once, as `submit` each: the thread sees all of them or none, so
+        calls handed over together (a `@serve.batch` batch) are not split by the thread waking between two."""
+        entries = [_Entry(item, records, compute, records if cap is None else cap if callable(cap) else max(int(cap), 1))
+                   for item, records in calls]
         with self._ready:
             if self._closed:
                 raise RuntimeError("the model thread is shut down")
-            self._waiting.setdefault(int(priority), deque()).append(entry)
+            self._waiting.setdefault(int(priority), deque()).extend(entries)
             self._ready.notify()
-        return entry.future
+        return [entry.future for entry in entries]
 
     def waiting(self) -> dict[int, int]:
         """Calls waiting (not computing), by priority."""
@@ -288,13 +295,3 @@ class ModelQueue:
         finally:
             self._batch_started = None
 
-
-def name_native_thread(name: str) -> bool:
-    """Give the calling thread `name` (its first 15 bytes) in the OS too, where Linux allows it, so
-    that `top -H`, `ps -L` and /proc/<pid>/task/*/comm tell a replica's model threads from Serve's
-    (Ray names every thread of a replica `ray::IDLE`); bench.placed_probe --cpu splits CPU by it.
-    Returns whether the name was set."""
-    prctl = libc_function("prctl")
-    if prctl is None:  # not Linux: the Python name still holds
-        return False
-    return prctl(15, name.encode("utf-8", "replace")[:15], 0, 0, 0) == 0  # 15: PR_SET_NAME

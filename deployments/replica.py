@@ -167,7 +167,7 @@ class ModelReplica:
         calls' futures (Serve hands each caller its own)."""
         self._loop = asyncio.get_running_loop()
         cap = lambda: cap_for(priority, self.live_max_batch_size(), self.batch_config.background_max_batch_size)  # noqa
-        return [self._model_thread.submit(compute, item, records_of(item), priority, cap) for item in items]
+        return self._model_thread.submit_all(compute, [(item, records_of(item)) for item in items], priority, cap)
 
     async def _enqueue_background(self, items: list[Any], compute: Compute) -> list[Future]:
         """`_enqueue` for job work, once no interactive call is queued or computing on this replica:

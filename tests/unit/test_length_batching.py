@@ -2,6 +2,8 @@
 running a batch through it. Pure logic: no Ray, no model."""
 
 import random
+import threading
+import types
 
 import pytest
 
@@ -117,6 +119,52 @@ def test_the_replica_cuts_a_batch_by_max_batch_tokens_and_answers_in_order(word_
     # one batch of 5 records, sorted longest first, cut at 20 padded tokens
     assert backend.calls == [[TEXTS[3], TEXTS[0]], [TEXTS[2], TEXTS[4], TEXTS[1]]]
     assert replica.info()["batching"]["max_batch_tokens"] == 20
+
+
+class _WakesBetweenSubmissions(threading.Condition):
+    """The model queue's condition, where every hand-over (a notify, then the lock let go) waits for the model
+    thread to compute what it found: the thread woke between two submissions, as it can on a loaded machine."""
+
+    def __init__(self, computed: threading.Event):
+        super().__init__()
+        self._submitter, self._computed, self._handed = threading.get_ident(), computed, False
+
+    def notify(self, n=1):
+        super().notify(n)
+        self._handed = threading.get_ident() == self._submitter
+
+    def __exit__(self, *exc):
+        super().__exit__(*exc)
+        if self._handed:
+            self._handed = False
+            assert self._computed.wait(10)
+            self._computed.clear()
+
+
+def test_a_batch_of_calls_reaches_the_model_thread_whole(monkeypatch, loop):
+    """`@serve.batch` hands its calls to the model queue at once; a thread that woke after the first of them
+    had computed it alone and the rest as a second batch (CI: 2 and 3 of these 5 calls)."""
+    from deployments import model_queue
+    from deployments.translator import Translator
+    from deployments.settings import TranslationSettings
+
+    computed = threading.Event()
+
+    class Backend(WordBackend):
+        def translate(self, texts, source, target):
+            try:
+                return super().translate(texts, source, target)
+            finally:
+                computed.set()
+
+    backend = Backend()
+    monkeypatch.setattr("deployments.translator.load_translation_backend", lambda settings, threads: backend)
+    monkeypatch.setattr(model_queue, "threading", types.SimpleNamespace(
+        Condition=lambda: _WakesBetweenSubmissions(computed), Thread=threading.Thread))
+    replica = Translator.func_or_class(TranslationSettings().model_dump())
+    replica.reconfigure({"max_batch_size": 8, "batch_wait_timeout_s": 0.05})
+    assert _translate_all(replica, loop, TEXTS) == [f"pt:{t}" for t in TEXTS]
+    assert backend.calls == [TEXTS]
 
 
 def test_without_max_batch_tokens_a_batch_is_one_model_call(word_translator, loop):

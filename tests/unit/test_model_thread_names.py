@@ -1,4 +1,4 @@
-"""A replica's model threads carry their names in the OS (deployments/model_queue.py name_native_thread):
+"""A replica's model threads carry their names in the OS (deployments/backends/libc.py name_native_thread):
 `top -H` and bench.placed_probe --cpu tell them from Serve's threads, which Ray names `ray::IDLE`."""
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ def test_the_model_thread_carries_its_name_in_the_os():
 
 
 def test_a_long_name_is_cut_to_what_linux_keeps_and_failure_is_not_fatal(monkeypatch):
-    from deployments import model_queue
+    from deployments.backends import libc
 
     result = {}
-    thread = threading.Thread(target=lambda: result.setdefault("ok", model_queue.name_native_thread("Translator-model-x")))
+    thread = threading.Thread(target=lambda: result.setdefault("ok", libc.name_native_thread("Translator-model-x")))
     thread.start(); thread.join()
     assert result["ok"] is sys.platform.startswith("linux")
 
-    monkeypatch.setattr(model_queue, "libc_function", lambda name: None)  # a C library without prctl
-    assert model_queue.name_native_thread("anything") is False
+    monkeypatch.setattr(libc, "libc_function", lambda name: None)  # a C library without prctl
+    assert libc.name_native_thread("anything") is False
