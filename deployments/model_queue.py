@@ -73,20 +73,18 @@ class BatchOutcome:
 class ModelQueue:
     """The replica's model thread and the queue in front of it.
 
-    Callers submit *calls*, one or several at once (an item of records and the function that computes a
-    list of items). Each time the thread is free it takes the oldest waiting call of the
-    highest priority and joins to it, in arrival order, every other waiting call of that
-    priority and function while their records fit the first call's `cap` (its queue's live
-    `max_batch_size`), then runs the function once over all of them.
+    Callers submit *calls*, one or several at once (an item of records and the function that computes a list of
+    items). Each time the thread is free it takes the oldest waiting call of the highest priority and joins to it,
+    in arrival order, every other waiting call of that priority and function while their records fit the first
+    call's `cap` (its queue's live `max_batch_size`), then runs the function once over all of them.
 
-    That join is what makes the batch size follow the load: `@serve.batch` (Ray 2.60) forms its
-    next batch from what arrives in `batch_wait_timeout_s` *while the previous batch is still
-    computing*, so behind a slow model it hands over a string of one- or two-record batches
-    (measured: 32 concurrent requests computed as 1-2 record batches, a 1 s model call each).
-    Joined here, everything that arrived while the model was busy rides in the next call.
+    That join is what makes the batch size follow the load: `@serve.batch` (Ray 2.60) forms its next batch from what
+    arrives in `batch_wait_timeout_s` *while the previous batch is still computing*, so behind a slow model it hands
+    over a string of one- or two-record batches (measured: 32 concurrent requests computed as 1-2 record batches, a
+    1 s model call each). Joined here, everything that arrived while the model was busy rides in the next call.
 
-    A call cancelled before its batch started (its caller gave up) is skipped, never computed.
-    `on_batch(outcome)` is called on the model thread after each computation.
+    A call cancelled before its batch started (its caller gave up) is skipped, never computed. `on_batch(outcome)`
+    is called on the model thread after each computation.
     """
 
     def __init__(self, name: str = "model", on_batch: Optional[Callable[[BatchOutcome], None]] = None,
@@ -97,9 +95,7 @@ class ModelQueue:
         self._on_batch = on_batch
         #: after a batch of T seconds, wait up to fraction x T for a fuller next batch (see `_fill_deadline`)
         self.fill_wait_fraction = fill_wait_fraction
-        self._last_batch_s = 0.0
-        self._last_batch_end = 0.0
-        self._last_priority: Optional[int] = None
+        self._last_batch_s, self._last_batch_end, self._last_priority = 0.0, 0.0, None
         self._running = False  # a batch is computing
         self._batch_started: Optional[float] = None  # when the computing batch started (time.monotonic)
         #: calls in each of the last batches: all 1 means nothing has come in together lately
@@ -119,8 +115,8 @@ class ModelQueue:
                    cap: Union[int, Callable[[], int], None] = None) -> list[Future]:
         """Queue `(item, records)` calls at once, as `submit` each: the thread sees all of them or none, so
         calls handed over together (a `@serve.batch` batch) are not split by the thread waking between two."""
-        entries = [_Entry(item, records, compute, records if cap is None else cap if callable(cap) else max(int(cap), 1))
-                   for item, records in calls]
+        fixed = cap if cap is None or callable(cap) else max(int(cap), 1)
+        entries = [_Entry(item, records, compute, records if fixed is None else fixed) for item, records in calls]
         with self._ready:
             if self._closed:
                 raise RuntimeError("the model thread is shut down")
@@ -228,9 +224,14 @@ class ModelQueue:
             try:
                 self._run(priority, batch, full)
             finally:
-                with self._ready:
-                    self._running = False
-                    self._recent_calls.append(len(batch))
+                self._finished(batch)
+
+    def _finished(self, batch: list[_Entry]) -> None:
+        """The thread is free again: once per batch, before its callers are answered (one just answered sees it)."""
+        with self._ready:
+            if self._running:
+                self._running = False
+                self._recent_calls.append(len(batch))
 
     def _run(self, priority: int, batch: list[_Entry], full: bool = False) -> None:
         records = sum(e.records for e in batch)
@@ -267,6 +268,7 @@ class ModelQueue:
                                             rerun, failed_records))
             except Exception:  # pragma: no cover - bookkeeping must never lose a result
                 logger.exception("model batch bookkeeping failed")
+        self._finished(batch)
         for entry, out in zip(batch, outputs):
             if isinstance(out, BaseException):
                 entry.future.set_exception(deliverable(out))

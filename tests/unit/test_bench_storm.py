@@ -14,7 +14,7 @@ from bench.compare.load import Target, run_closed, run_storm, write_texts
 
 
 class _Shedding(BaseHTTPRequestHandler):
-    """Every third request 503 at once; the others 200 after 20 ms. Echoes X-Request-Id as Serve does,
+    """Every third request 503 at once; the others 200 after 60 ms. Echoes X-Request-Id as Serve does,
     except on the requests ending in 7, which are answered without it (counted, not timed)."""
 
     protocol_version = "HTTP/1.1"
@@ -31,7 +31,7 @@ class _Shedding(BaseHTTPRequestHandler):
             n = _Shedding.seen
         status = 503 if n % 3 == 0 else 200
         if status == 200:
-            time.sleep(0.02)
+            time.sleep(0.06)
         body = b'{"ok":true}'
         self.send_response(status)
         self.send_header("Content-Length", str(len(body)))
@@ -67,7 +67,7 @@ def test_the_storm_counts_every_answer_by_status_and_times_the_echoed_ones(shedd
     assert _Shedding.seen - 8 <= ok["count"] + refused["count"] <= _Shedding.seen
     assert abs(refused["count"] - (ok["count"] + refused["count"]) / 3) <= 8  # one in three, give or take the tail
     assert 0.8 * ok["count"] <= ok["timed"] < ok["count"]  # those without the echo are not timed
-    assert ok["p50_ms"] >= 20.0 > refused["p50_ms"]
+    assert ok["p50_ms"] >= 60.0 > refused["p50_ms"]  # timed apart: the 503s are not averaged in
     assert figures["goodput_rps"] == pytest.approx(ok["count"] / figures["duration_s"], rel=0.01)
     assert figures["socket_errors"] == 0
 

@@ -50,19 +50,20 @@ def test_a_submission_is_sent_again_after_a_504_and_makes_one_job():
 
 
 def test_each_retry_asks_for_what_is_left_of_the_deadline_and_none_is_sent_once_it_passed():
-    sent = []
+    sent, pause_s = [], [0.05]
 
     def handler(request):
         sent.append(int(request.headers["X-Request-Timeout-Ms"]))
-        time.sleep(0.05)
+        time.sleep(pause_s[0])
         return overloaded() if len(sent) < 3 else translation_ok(request)
     with Client(transport=httpx.MockTransport(handler), retry=NO_WAIT) as client:
         assert client.translate(["a"], source="en", target="pt", deadline_ms=2000) == ["A"]
     assert sent[0] <= 2000 and sent[1] <= sent[0] - 40 and sent[2] <= sent[1] - 40
     sent.clear()
+    pause_s[0] = 0.25
     with Client(transport=httpx.MockTransport(handler), retry=NO_WAIT) as client:
         with pytest.raises(ServeAppHTTPError) as raised:
-            client.translate(["a"], source="en", target="pt", deadline_ms=30)
+            client.translate(["a"], source="en", target="pt", deadline_ms=200)  # 503 after 0.25 s: none left
     assert raised.value.status_code == 504 and raised.value.error_type == "timeout" and len(sent) == 1
 
 

@@ -134,9 +134,9 @@ class _WakesBetweenSubmissions(threading.Condition):
         self._handed = threading.get_ident() == self._submitter
 
     def __exit__(self, *exc):
+        handed, self._handed = self._handed and threading.get_ident() == self._submitter, False
         super().__exit__(*exc)
-        if self._handed:
-            self._handed = False
+        if handed:
             assert self._computed.wait(10)
             self._computed.clear()
 

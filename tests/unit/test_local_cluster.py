@@ -184,7 +184,6 @@ def test_a_stop_asked_for_while_the_cluster_starts_stops_it_then(monkeypatch, tm
     """Start-up can take minutes (nodes, then Serve): Ctrl-C or SIGTERM then stops it at once, removing
     what was made, instead of waiting for the start to end."""
     import signal
-    import threading
     import time
 
     import deploy.local_cluster.__main__ as launcher
@@ -197,6 +196,7 @@ def test_a_stop_asked_for_while_the_cluster_starts_stops_it_then(monkeypatch, tm
 
         def __enter__(self):
             try:
+                os.kill(os.getpid(), signal.SIGTERM)  # from here: after main() installed its handlers
                 time.sleep(30)  # as LocalCluster.start waits for its nodes
             except BaseException:
                 self.stop()  # LocalCluster.__enter__ stops on any exception
@@ -214,7 +214,6 @@ def test_a_stop_asked_for_while_the_cluster_starts_stops_it_then(monkeypatch, tm
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         start = time.monotonic()
-        threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()
         assert launcher.main([]) == 130
     finally:
         for sig, handler in handlers.items():

@@ -27,7 +27,6 @@ def test_a_second_signal_while_a_starting_cluster_is_removed_does_not_cut_the_re
     `stop()`, after the nodes were killed, and left the namespaces, the bridge, Redis and HAProxy behind."""
     import os
     import signal
-    import threading
     import time as time_
 
     from deploy.local_cluster import __main__ as entry
@@ -40,6 +39,8 @@ def test_a_second_signal_while_a_starting_cluster_is_removed_does_not_cut_the_re
             self.name, self.seconds = name, seconds
 
         def remove(self):
+            if self.name == "network":  # the second Ctrl-C, while the cluster is being removed
+                os.kill(os.getpid(), signal.SIGINT)
             time_.sleep(self.seconds)
             removed.append(self.name)
 
@@ -50,19 +51,15 @@ def test_a_second_signal_while_a_starting_cluster_is_removed_does_not_cut_the_re
             self.kill_redis = lambda: removed.append("redis")
 
         def start(self, timeout_s: float = 180) -> None:
-            time_.sleep(30)  # the first signal comes while starting
+            os.kill(os.getpid(), signal.SIGINT)  # the first Ctrl-C, while starting
+            time_.sleep(30)
 
     monkeypatch.setattr(entry, "LocalCluster", Starting)
     monkeypatch.setattr(entry, "cleanup_stale", lambda: [])
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    timers = [threading.Timer(delay, os.kill, (os.getpid(), signal.SIGINT)) for delay in (0.3, 0.9)]
     try:
-        for timer in timers:
-            timer.start()
         assert entry.main([]) == 130
     finally:
-        for timer in timers:
-            timer.cancel()
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
     assert removed == ["redis", "cpu", "network"]

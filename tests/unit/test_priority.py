@@ -262,14 +262,14 @@ def test_calls_arriving_one_by_one_while_a_batch_computes_ride_in_the_next_batch
 def test_after_a_batch_the_model_waits_briefly_for_a_fuller_next_one():
     """Closed-loop clients answered by a batch send their next requests a round trip later; a slow
     model that started at once with what waited would run a small batch at nearly a full one's cost."""
-    queue = ModelQueue("test", fill_wait_fraction=1.0)
+    queue = ModelQueue("test", fill_wait_fraction=50.0)  # 15 s: a descheduled test thread is in time; full ends it
     batches, started = [], threading.Event()
 
     def compute(items):
         batches.append(list(items))
         if items == ["slow"]:
             started.set()
-            time.sleep(0.3)  # the model's own time: the fill window is 1.0 x this
+            time.sleep(0.3)  # the model's own time: the fill window is 50 x this
         return items
 
     slow = queue.submit(compute, "slow", 1, cap=4)
