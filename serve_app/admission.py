@@ -35,8 +35,10 @@ class DrainState:
 
     def release(self) -> None:
         """An admitted request finished: its slot goes to the oldest live waiter (in_flight stays), else
-        back to the pool. (A draining replica has no waiters: `drain` refused them, and no request waits
-        once it began.)"""
+        back to the pool. A draining replica refuses its waiters here too: `drain` runs on another thread,
+        and its refusal reaches the loop after the flag (or missed a waiter that came in between)."""
+        if self.draining:
+            self._refuse_waiting()
         while self.waiting:
             waiter = self.waiting.popleft()
             if not waiter.done():
@@ -78,10 +80,11 @@ class DrainState:
 
 DRAIN = DrainState()
 
-#: The routes admission control governs (model work): these exact paths, and paths under these prefixes
-#: (`/models/<name>/predict`). serve_app/proxy_shedding.py gives HAProxy the same list.
+#: The routes admission control governs (model work): these exact paths, and `<prefix><name>/predict` under
+#: these prefixes (not a model's card, `GET /models/<id>`). serve_app/proxy_shedding.py gives HAProxy the same.
 MODEL_PATHS = ("/translation", "/embeddings", "/v1/embeddings", "/jobs")
 MODEL_PATH_PREFIXES = ("/models/",)
+MODEL_PATH_SUFFIX = "/predict"
 
 
 def fair_share(limit: int, active_keys: int, configured_keys: int) -> int:
@@ -122,7 +125,7 @@ class AdmissionControl:
         self.limit = limit
         self.retry_after_s = retry_after_s
         self.paths = paths
-        #: model routes with a variable part (`/models/<name>/predict`)
+        #: model routes with a variable part (`<prefix><name>/predict`)
         self.prefixes = prefixes
         self.key_of = key_of
         self.configured_keys = configured_keys
@@ -142,7 +145,7 @@ class AdmissionControl:
         path = route_path(scope) if scope["type"] == "http" else ""
         # A CORS preflight (OPTIONS) costs no model time: it neither takes nor waits for a slot.
         if scope["type"] != "http" or scope.get("method") == "OPTIONS" or (
-                path not in self.paths and not path.startswith(self.prefixes)):
+                path not in self.paths and not (path.startswith(self.prefixes) and path.endswith(MODEL_PATH_SUFFIX))):
             return await self.app(scope, receive, send)
         retry = self.retry_after_s()
         if DRAIN.draining:

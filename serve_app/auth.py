@@ -257,10 +257,13 @@ def serve_http_host() -> Optional[str]:
 def reject_secrets_in_args(args: Optional[Mapping[str, Any]]) -> None:
     """API keys and the Redis password in the Serve config's `args:` are refused (nested or dotted):
     `serve config`, the dashboard and the RayService object show args to whoever can read them."""
-    args = args or {}
+    def folded(mapping: Mapping[str, Any]) -> dict[str, Any]:  # pydantic-settings matches names in any case
+        return {str(name).casefold(): value for name, value in mapping.items()}
+
+    args = folded(args or {})
     for (section, field), where_instead in SECRETS.items():
         nested = args.get(section)
-        if f"{section}.{field}" in args or (isinstance(nested, Mapping) and field in nested):
+        if f"{section}.{field}" in args or (isinstance(nested, Mapping) and field in folded(nested)):
             raise AuthConfigError(f"args.{section}.{field}: {_NOT_IN_CONFIG}; set {where_instead}")
 
 

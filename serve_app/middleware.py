@@ -17,6 +17,11 @@ from .observability import route_path
 if TYPE_CHECKING:  # pragma: no cover
     from .observability import RequestRecorder
 
+#: routes that never need an API key (to GET or HEAD): probes, and the API's own description
+OPEN_PATHS = ("/healthz", "/readyz", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json")
+#: the methods that carry no body: BodySizeLimit reads none, and OPEN_PATHS answer them without a key
+READ_METHODS = ("GET", "HEAD")
+
 
 class BodySizeLimit:
     """Buffers at most `max_body_bytes` of a request body, for at most `body_timeout_s`; beyond that
@@ -33,8 +38,8 @@ class BodySizeLimit:
         self.get_timeout_s = get_timeout_s
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
-            return await self.app(scope, receive, send)
+        if scope["type"] != "http" or scope["method"] in (*READ_METHODS, "OPTIONS") or route_path(scope) in OPEN_PATHS:
+            return await self.app(scope, receive, send)  # no body to read (an open path takes none: 405 at once)
         limit = self.get_limit()
         for name, value in scope.get("headers", []):
             if name == b"content-length":
@@ -90,9 +95,6 @@ class BodySizeLimit:
 
 # --- authentication, CORS -----------------------------------------------------------------
 
-#: routes that never need an API key: probes, and the API's own description
-OPEN_PATHS = ("/healthz", "/readyz", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json")
-
 
 def _header(scope, name: bytes) -> Optional[str]:
     for key, value in scope.get("headers", []):
@@ -133,7 +135,9 @@ class ApiKeyAuth:
     """API-key authentication: on while `keys()` (a serve_app.auth.KeySet) holds any key.
 
     401 (with `WWW-Authenticate: Bearer`) when no key is sent, 403 when the key is not
-    one of the configured ones; OPEN_PATHS and CORS preflights pass without a key.
+    one of the configured ones; GET and HEAD on OPEN_PATHS pass without a key (CORS preflights
+    never get here: LazyCORS, outside, answers them). Any other method is refused before its body
+    is read, so a keyless caller cannot hold a slot with a slow body.
     An admitted request carries its key's id in `request.state.api_key_id` and, for the
     response cache, in the context variable `serve_app.auth.REQUEST_KEY_ID`.
     """
@@ -152,7 +156,7 @@ class ApiKeyAuth:
         presented = presented_key(scope) if keys else None
         # Open paths with a valid key still learn who calls (/readyz then shows details).
         ident = keys.identify(presented) if presented is not None else None
-        if ident is not None or route_path(scope) in self.open_paths or scope["method"] == "OPTIONS" or not keys:
+        if ident is not None or not keys or (route_path(scope) in self.open_paths and scope["method"] in READ_METHODS):
             return await self._call_as(ident, scope, receive, send)
         if presented is None:
             response = Unauthorized(

@@ -11,10 +11,11 @@ goodput fell to 0.20x capacity (docs/benchmarks/storm-run-400-800). So, per Ingr
   requests than the replica holds;
 - the rest wait in HAProxy's queue, which costs no CPU, for at most max_wait_s (`timeout queue`);
   then HAProxy answers the ingress's 503 JSON body with Retry-After itself;
-- requests leave the queue by class: probes (/healthz, /readyz) and keyed requests to other routes than
+- requests leave the queue by class: probes (GET /healthz, /readyz) and keyed requests to other routes than
   admission's (model list, job status) first, then keyed model requests, then requests without an API key
-  (other routes, then model routes). A storm without keys (answered 401 where keys are on) never holds
-  back a tenant's requests; with keys off every request is keyless and the order among routes stays.
+  (other routes, then model routes). A storm without a key header (answered 401 where keys are on) never
+  holds back a tenant's requests (HAProxy sees that a key is sent, not whether it is valid: one with any key waits
+  as a tenant); with keys off every request is keyless and the order among routes stays.
 
 Measured against refusing at once in HAProxy past one queued request per replica (the obvious
 design, and issue 24's wording): at 800 clients that answered 21,500 503s a second, and the refusal
@@ -33,10 +34,11 @@ serve_app/proxy.py's proxy_environment unless the user set it; tests/unit/test_p
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from .admission import MODEL_PATH_PREFIXES, MODEL_PATHS
+from .admission import MODEL_PATH_PREFIXES, MODEL_PATH_SUFFIX, MODEL_PATHS
 
 #: The variable that carries the directives, and Ray 2.60's value for it when unset.
 FASTINTER_VARIABLE = "RAY_SERVE_HAPROXY_HEALTH_CHECK_FASTINTER"
@@ -76,14 +78,17 @@ class ProxyShedding:
             # submission by it (jobs/job.py's submission_key). Ray sets it only with a request router.
             "http-request set-header x-request-id %[uuid] if !{ req.hdr(x-request-id) -m found }",
             "acl serve_app_model path " + " ".join(self.model_paths),
-            "acl serve_app_model path_beg " + " ".join(self.model_path_prefixes),
+            "acl serve_app_model path_reg ^(" + "|".join(re.escape(p) for p in self.model_path_prefixes)
+            + ")[^/]+" + re.escape(MODEL_PATH_SUFFIX) + "$",  # a model's predict route, not its card
             "acl serve_app_probe path " + " ".join(self.probe_paths),
+            "acl serve_app_read method GET HEAD",  # a probe is a GET: a keyless POST to its path is not one
             "acl serve_app_keyed req.hdr(authorization) -m found",
             "acl serve_app_keyed req.hdr(x-api-key) -m found",
             # Lower classes leave the queue first: probes and status calls do not wait behind a storm, and
             # requests without a key wait behind every keyed one (the module's docstring).
             "http-request set-priority-class int(1) if serve_app_model serve_app_keyed",
-            "http-request set-priority-class int(2) if !serve_app_model !serve_app_probe !serve_app_keyed",
+            "http-request set-priority-class int(2) if !serve_app_model !serve_app_keyed !serve_app_probe"
+            " || !serve_app_model !serve_app_keyed !serve_app_read",
             "http-request set-priority-class int(3) if serve_app_model !serve_app_keyed",
             # HAProxy's own 503s (queue timeout, no replica up): the ingress's body, not Ray's bare 500,
             # and the caller's request id echoed as the replicas do.

@@ -152,3 +152,32 @@ def test_a_cors_preflight_neither_takes_nor_waits_for_a_slot(client):  # noqa: F
     assert preflight.status_code != 503 and DRAIN.in_flight == 1
     busy.join()
     assert results[0].status_code == 200 and DRAIN.in_flight == 0
+
+
+def test_a_slot_freed_while_draining_is_not_handed_to_a_waiter():
+    """`drain` runs on the launcher's thread: a request finishing before its refusal reached the loop (or a waiter
+    that came in after the drain looked) was handed the slot and admitted on a draining replica."""
+    async def scenario():
+        DRAIN.in_flight, DRAIN.draining = 1, True  # the flag is set; the refusal has not run on this loop
+        waiter = asyncio.get_running_loop().create_future()
+        DRAIN.waiting.append(waiter)
+        DRAIN.release()
+        assert waiter.result() is False and DRAIN.in_flight == 0 and not DRAIN.waiting
+    try:
+        asyncio.run(scenario())
+    finally:
+        DRAIN.in_flight, DRAIN.draining = 0, False
+        DRAIN.waiting.clear()
+
+
+def test_a_model_s_card_is_not_model_work(client):  # noqa: F811
+    """`GET /models/<id>` (the OpenAI SDK's models.retrieve without /v1) matched the `/models/` prefix of the predict
+    routes: it took a slot and was shed with 503 when the replica was full."""
+    install(FakeTranslator(), ingress={"max_inflight_requests": 1, "max_waiting_requests": 0})
+    model_id = client.get("/models").json()["data"][0]["id"]
+    DRAIN.in_flight = 1  # the replica is full
+    try:
+        assert client.get(f"/models/{model_id}").status_code == 200
+        assert_error(client.post("/models/iris/predict", json={"inputs": []}), 503, "overloaded")
+    finally:
+        DRAIN.in_flight = 0

@@ -203,18 +203,22 @@ def test_requests_without_a_key_leave_the_queue_after_every_keyed_one(haproxy_in
                   pool.submit(httpx.get, url + "/v1/models", timeout=30),  # keyless, another route
                   pool.submit(httpx.post, url + "/v1/embeddings", json={}, headers={"X-API-Key": "k"}, timeout=30),
                   pool.submit(httpx.get, url + "/jobs/j1", headers=keyed, timeout=30),
-                  pool.submit(httpx.get, url + "/readyz", timeout=30)]
-        wait_for(lambda: queued_in_haproxy() == 5, 10, "5 requests in HAProxy's queue")
+                  pool.submit(httpx.get, url + "/readyz", timeout=30),
+                  pool.submit(httpx.post, url + "/healthz", json={}, timeout=30)]  # keyless, not a probe: a POST
+        wait_for(lambda: queued_in_haproxy() == 6, 10, "6 requests in HAProxy's queue")
         replica.release()  # one slot: the probe and the keyed status call pass, then the keyed model request
         wait_for(lambda: "POST /v1/embeddings" in replica.seen, 10, "the keyed model request")
         # One slot at a time again: two freed at once let both keyless requests race to the replica (a unit run
         # flake: their order there was not HAProxy's). The GET is answered at once and frees the slot again.
         replica.release()
+        wait_for(lambda: "POST /healthz" in replica.seen, 10, "the keyless POST to a probe's path")
+        replica.release()
         wait_for(lambda: replica.seen.count("POST /translation") == 3, 10, "the keyless model request")
         replica.release(10)
-        assert [f.result().status_code for f in [*held, *queued]] == [200] * 7
+        assert [f.result().status_code for f in [*held, *queued]] == [200] * 8
     assert sorted(replica.seen[2:4]) == ["GET /jobs/j1", "GET /readyz"], replica.seen  # class 0, in arrival order
-    assert replica.seen[4:] == ["POST /v1/embeddings", "GET /v1/models", "POST /translation"], replica.seen
+    assert replica.seen[4:] == ["POST /v1/embeddings", "GET /v1/models", "POST /healthz", "POST /translation"], \
+        replica.seen
 
 
 def test_a_request_that_waits_longer_than_max_wait_s_gets_the_overloaded_503(haproxy_in_front):

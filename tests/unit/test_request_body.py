@@ -13,6 +13,8 @@ import asyncio
 import json
 import time
 
+import pytest
+
 from serve_app import api
 from serve_app.admission import DRAIN
 from serve_app.api import app
@@ -106,3 +108,17 @@ def test_embeddings_with_dimensions_answer_within_one_deadline(client):  # noqa:
     resp = client.post("/v1/embeddings", json={"input": "x", "model": "all-MiniLM-L6-v2", "dimensions": 4},
                        headers={"X-Request-Timeout-Ms": "450"})
     assert_error(resp, 504, "timeout")
+
+
+@pytest.mark.parametrize("ingress, status", [({"api_keys": "k" * 32}, 401), ({}, 405)])
+def test_a_body_sent_to_an_open_path_is_never_waited_for(monkeypatch, ingress, status):
+    """GET /healthz needs no key; a POST there with a body that stalls was read for body_timeout_s (30 s) before
+    the 405, holding one of the replica's slots and up to max_body_bytes: keyless callers could fill them all.
+    It is answered at once: 401 where keys are on (only GET and HEAD are open), else 405."""
+    monkeypatch.delenv("SERVE_APP_INGRESS_API_KEYS", raising=False)
+    install(ingress={"body_timeout_s": 5.0, **ingress})
+    half = {"type": "http.request", "body": b"{", "more_body": True}
+    for path in ("/healthz", "/readyz", "/openapi.json"):
+        sent, took = asyncio.run(_call(_scope(path, 4_000_000), [half], "stall"))
+        assert next(m for m in sent if m["type"] == "http.response.start")["status"] == status, path
+        assert took < 2, path
