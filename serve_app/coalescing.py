@@ -30,6 +30,13 @@ from typing import Any, Awaitable, Callable, Hashable, Optional, Sequence
 from .errors import ServeAppError
 
 
+def shared_task(coro: Awaitable[Any]) -> "asyncio.Task[Any]":
+    """A task for a call that several callers share, in an empty context: Serve files a handle call under the
+    request in whose context it is made and cancels it when that request's client goes away, which would fail
+    every other caller awaiting it."""
+    return asyncio.get_running_loop().create_task(coro, context=contextvars.Context())
+
+
 def _one_caller_s(exc: BaseException) -> bool:
     """An error that one caller's records may have caused: not the service's state, which all share."""
     return isinstance(exc, ServeAppError) and exc.status_code not in (503, 504)
@@ -121,7 +128,7 @@ class CallCoalescer:
             # A context of its own: a call shares no caller's. Serve records a handle call under the
             # request in whose context it is made and cancels it with that request, which would fail
             # every other caller in the call when that one client disconnects.
-            call.task = asyncio.get_running_loop().create_task(self._run(call), context=contextvars.Context())
+            call.task = shared_task(self._run(call))
             # A callback, not a `finally` in _run: a task cancelled before it started never runs it.
             call.task.add_done_callback(functools.partial(self._call_done, call))
 

@@ -82,11 +82,15 @@ class HandleClient:
             try:
                 if attempt == 0:
                     return await self._first_attempt(response, handle)
-                # A retry waits for a healthy or restarted replica, but not forever: past
-                # retry_timeout_s the caller gets 503 + Retry-After instead of a hang.
+                # A retry waits for a healthy or restarted replica, but not forever: past retry_timeout_s
+                # the caller gets 503 + Retry-After instead of a hang. A replica that took it computes it.
+                accepted = taken(response)
                 try:
                     async with asyncio.timeout(self._retry_timeout_s):
-                        return await response
+                        if accepted is None:  # (a response that cannot tell: the whole call is bounded)
+                            return await response
+                        await asyncio.wait((accepted,))
+                    return await response
                 except TimeoutError:
                     response.cancel()
                     self.retries_failed += 1

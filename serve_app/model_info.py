@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from .coalescing import shared_task
 from .model_clients import ModelClient
 
 #: how long a model's `info` is reused by the requests that need it (language pairs, dimensions)
@@ -25,7 +26,7 @@ class ModelInfo:
             return known[1]
         call = self._calls.get(client.name)
         if call is None or call.done():
-            call = self._calls[client.name] = asyncio.ensure_future(self._fetch(client))
+            call = self._calls[client.name] = shared_task(self._fetch(client))  # no caller's (coalescing.py)
         return await asyncio.shield(call)
 
     def clear(self) -> None:

@@ -8,6 +8,7 @@ import re
 import time
 from typing import Optional
 
+from .coalescing import shared_task
 from .errors import Overloaded, ServeAppError
 from .model_clients import ModelClient
 
@@ -40,7 +41,7 @@ class Readiness:
         replica (serve_app/proxy_shedding.py)."""
         if self._probing is None or self._probing.done():
             began = time.monotonic()  # (what it finds is as old as its start: a deployment may answer at once)
-            self._probing = asyncio.ensure_future(self._states(clients))
+            self._probing = shared_task(self._states(clients))  # no caller's: one leaving must not cancel it
             self._probing.add_done_callback(lambda probe: self._keep(probe, began))
         elif self._last is not None and time.monotonic() - self._last[0] <= 4 * self.timeout_s + 1.0:
             return dict(self._last[1])

@@ -123,3 +123,35 @@ def test_callers_while_a_probe_runs_get_the_last_answer_at_once_if_it_is_recent(
         assert await asyncio.gather(*waiting) == [{"Embedder": "ready"}] * 3
 
     asyncio.run(scenario())
+
+
+def test_shared_probes_and_info_calls_carry_no_caller_s_request_context():
+    """Serve files a handle call under the request in whose context it is made, and cancels it when that request's
+    client goes away: /readyz's shared probe and the shared `info` call had the first caller's request, so its
+    client leaving failed every other caller waiting on them (as test_coalescing checks for model calls)."""
+    from ray.serve.context import _RequestContext, _serve_request_context
+
+    from serve_app.model_info import ModelInfo
+
+    class Recording:
+        name = "Embedder"
+
+        def __init__(self):
+            self.contexts = []
+
+        async def call(self, method: str, *args, **kwargs) -> dict:
+            self.contexts.append((method, _serve_request_context.get()))
+            await asyncio.sleep(0.01)
+            return {"deployment": self.name}
+
+    async def as_request(request_id, awaitable):
+        _serve_request_context.set(_RequestContext(request_id=request_id, _internal_request_id=request_id))
+        return await awaitable
+
+    async def scenario():
+        client = Recording()
+        await as_request("A", Readiness(timeout_s=2.0).states([client]))
+        await as_request("B", ModelInfo().get(client))
+        return client.contexts
+
+    assert asyncio.run(scenario()) == [("ready", None), ("info", None)]
