@@ -1,20 +1,17 @@
 """Continuous (iteration-level) scheduling of translation: sequences join and leave the decoding batch at every step.
 
-`ContinuousScheduler` runs a `ContinuousDecoder` (deployments/backends/continuous_decoder.py) on
-its own thread. Callers submit calls (a language pair and some texts); each text becomes one
-sequence. Before every decoding step the scheduler admits waiting sequences, highest priority
-first (interactive before job records) and in arrival order, while the running batch stays
-within `max_running_sequences` and its projected cache (`ContinuousDecoder.projected_tokens`:
-every running sequence decoding to its max_new_tokens, padding included) within
-`max_cached_tokens`; the admitted ones are encoded together and take their first step with
-the others. A sequence leaves the batch at the step that finishes it; a call is answered as
-soon as its last sequence is done. With `join_interval_steps` N > 1, sequences join (and finished
-ones are taken out of the caches) only every N steps, or sooner when nothing runs or half a batch or
-more can join at once: one encoder pass and one cache reshuffle for many sequences, which is what a
-step costs on a GPU. A call cancelled by its caller (deadline passed, client gone), or failed by a
-step, leaves at the next step, its sequences never computed further. An error outside a step stops the thread:
-callers get a BackendError, new calls are refused, a `fatal` StepOutcome is sent. No Ray here: the Translator
-deployment wires it in (continuous_translation.py)."""
+`ContinuousScheduler` runs a `ContinuousDecoder` (deployments/backends/continuous_decoder.py) on its own thread. Callers
+submit calls (a language pair and some texts); each text becomes one sequence. Before every decoding step the scheduler
+admits waiting sequences, highest priority first (interactive before job records) and in arrival order, while the
+running batch stays within `max_running_sequences` and its projected cache (`ContinuousDecoder.projected_tokens`: every
+running sequence decoding to its max_new_tokens, padding included) within `max_cached_tokens`; the admitted ones are
+encoded together and take their first step with the others. A sequence leaves the batch at the step that finishes it; a
+call is answered as soon as its last sequence is done. With `join_interval_steps` N > 1, sequences join (and finished
+ones are taken out of the caches) only every N steps, or sooner when nothing runs or half a batch or more can join at
+once: one encoder pass and one cache reshuffle for many sequences, which is what a step costs on a GPU. A call cancelled
+by its caller (deadline passed, client gone), or failed by a step, leaves at the next step, its sequences never computed
+further. An error outside a step stops the thread: callers get a BackendError, new calls are refused, a `fatal`
+StepOutcome is sent. No Ray here: the Translator deployment wires it in (continuous_translation.py)."""
 
 from __future__ import annotations
 
@@ -30,7 +27,7 @@ from .backends.base import BackendError
 from .backends.continuous_decoder import DecodeRequest
 from .backends.heap import DECODING_TRIM_AFTER_TOKENS, trim_after_batch
 from .backends.segments import mark_cut
-from .errors import settle
+from .errors import describe_exception, settle
 from .priority import Priority
 
 logger = logging.getLogger("ray.serve")
@@ -220,10 +217,10 @@ class ContinuousScheduler:
                 self._iterate(joining or [], rebuild)
                 self.iteration_began = None
         except BaseException as exc:  # noqa: BLE001 - outside a step's own handling: no call would ever be answered
-            logger.exception("continuous decoding stopped: this replica decodes nothing more")
-            with self._cond:  # then `submit` refuses calls
+            logger.error("continuous decoding stopped: this replica decodes nothing more: %s", describe_exception(exc))
+            with self._cond:  # then `submit` refuses calls (the message withheld: it may quote a request)
                 self._closed, self._broken = True, BackendError(
-                    f"continuous decoding stopped for {self.backend.model_id!r}: {type(exc).__name__}: {exc}")
+                    f"continuous decoding stopped for {self.backend.model_id!r}: {describe_exception(exc)}")
         self._fail_all(self._broken or RuntimeError("the decoding thread is shut down"), self._joining)
         if self._broken is not None:  # health fails at once: Serve replaces the replica
             self._report(StepOutcome(0, 0, 0, {}, 0.0, 0.0, 0, failed=True, error=self._broken, fatal=True))
@@ -245,25 +242,26 @@ class ContinuousScheduler:
                 call.batch = max(call.batch, running)
             finished = self.decoder.step(compact=self.join_interval_steps == 1)
         except Exception as exc:  # noqa: BLE001 - every sequence in the batch gets the error
-            logger.exception("continuous decoding step failed")
+            logger.error("continuous decoding step failed: %s", describe_exception(exc))
             error = BackendError(f"generation failed for {self.backend.model_id!r}: {type(exc).__name__}: {exc}")
-            self._fail_running(error, extra=joining)
-            self._report(StepOutcome(0, len(joining), 0, {}, time.perf_counter() - start,
-                                     time.thread_time() - cpu_start, 0, dropped, True, error))
-            return
+            took, cpu = time.perf_counter() - start, time.thread_time() - cpu_start
+            outcome = StepOutcome(0, len(joining), 0, {}, took, cpu, 0, dropped, True, error)
+            return self._fail_running(error, joining, outcome)
         by_priority: dict[int, int] = {}
+        done = []
         for request, ids in finished:
             call, index = request.tag
             call.outputs[index], call.requests[index] = ids, request
             call.left -= 1
             by_priority[call.priority] = by_priority.get(call.priority, 0) + 1
-            if call.left == 0:
-                self._answer(call)
+            done += [call] if call.left == 0 else []
+        self._report(StepOutcome(running, len(joining), len(finished), by_priority, time.perf_counter() - start,
+                                 time.thread_time() - cpu_start, self.decoder.cached_tokens(), dropped))
+        for call in done:
+            self._answer(call)
         if not self.decoder.running:  # the batch drained, its callers answered: glibc's kept pages go back
             held, self._held_peak = self._held_peak, 0
             trim_after_batch(held, DECODING_TRIM_AFTER_TOKENS, self.decoder.device)
-        self._report(StepOutcome(running, len(joining), len(finished), by_priority, time.perf_counter() - start,
-                                 time.thread_time() - cpu_start, self.decoder.cached_tokens(), dropped))
 
     def _answer(self, call: _Call) -> None:
         try:  # each output marked if the model cut it short (segments.py)
@@ -274,16 +272,18 @@ class ContinuousScheduler:
             result = exc
         settle(call.future, result)
 
-    def _fail_running(self, error: BaseException, extra: Sequence[DecodeRequest] = ()) -> None:
+    def _fail_running(self, error: BaseException, extra: Sequence = (), outcome: Optional[StepOutcome] = None) -> None:
+        """The running (and `extra`) sequences' calls fail with `error`: rows dropped, `outcome` reported, answered."""
         calls = {id(r.request.tag[0]): r.request.tag[0] for r in self.decoder.rows}
         calls.update({id(r.tag[0]): r.tag[0] for r in extra})
-        for call in calls.values():
-            settle(call.future, error)
         try:
             self.decoder.drop({r.request.tag for r in self.decoder.rows})
         except Exception:  # noqa: BLE001 - e.g. no memory to reshuffle the caches: start again from empty ones
             logger.exception("continuous decoding: dropping the failed rows failed; the running batch is reset")
             self.decoder._reset()  # both engines' (continuous_decoder.py, slot_decoder.py): no rows, empty caches
+        self._report(outcome)
+        for call in calls.values():
+            settle(call.future, error)
 
     def _fail_all(self, error: BaseException, joining: Sequence[DecodeRequest] = ()) -> None:
         with self._cond:
@@ -291,9 +291,9 @@ class ContinuousScheduler:
             self._waiting.clear()
         self._fail_running(error, extra=waiting + list(joining))
 
-    def _report(self, outcome: StepOutcome) -> None:
+    def _report(self, outcome: Optional[StepOutcome]) -> None:
         try:
-            if self._on_step is not None:
+            if outcome is not None and self._on_step is not None:
                 self._on_step(outcome)
         except Exception:  # pragma: no cover - bookkeeping must never stop decoding
             logger.exception("continuous decoding bookkeeping failed")
