@@ -36,7 +36,9 @@ def test_a_live_launchers_record_is_read_back_under_its_port(records, monkeypatc
     assert status.read_record(8000) is None  # another port: another launcher, none here
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # no partial file left
     # A second launcher on the same port (it will fail to bind) leaves the first one's record alone.
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])  # (a live launcher, to the test)
+    # a live launcher, to the test: the marker in its own arguments (sys.executable need not spell the path the
+    # way this process's first word does: a CI run took it for no launcher and replaced the record)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", status.LAUNCHER_MODULE])
     try:
         path.write_text(json.dumps({**json.loads(path.read_text()), "pid": other.pid}))
         assert status.write_record(9527, "127.0.0.1:7000") is None
