@@ -20,13 +20,13 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 from .backends.base import BackendError
 from .backends.continuous_decoder import DecodeRequest
 from .backends.heap import DECODING_TRIM_AFTER_TOKENS, trim_after_batch
 from .backends.segments import mark_cut
+from .continuous_steps import Call, StepOutcome
 from .errors import describe_exception, settle
 from .priority import Priority
 
@@ -34,37 +34,6 @@ logger = logging.getLogger("ray.serve")
 
 #: (text, its source token ids) -> (max_new_tokens, min_new_tokens) of its sequence
 Limits = Callable[[str, list[int]], tuple[int, Optional[int]]]
-
-
-@dataclass(frozen=True)
-class StepOutcome:
-    """One scheduler iteration: what metrics and health need."""
-
-    running: int  # sequences in the step
-    joined: int  # sequences that joined before it
-    finished: int  # sequences it finished
-    finished_by_priority: dict
-    seconds: float  # wall time of the join (encoder) and the step
-    cpu_seconds: float
-    cached_tokens: int  # token slots held by the caches after the step
-    dropped: int = 0  # sequences of cancelled calls taken out of the batch or the queue
-    failed: bool = False
-    error: Optional[BaseException] = None
-    fatal: bool = False  # the decoding thread stopped: this scheduler decodes nothing more
-
-
-class _Call:
-    """One submitted call: its sequences' outputs and the future its caller awaits."""
-
-    __slots__ = ("future", "outputs", "requests", "left", "priority", "batch", "records")
-
-    def __init__(self, records: int, priority: int):
-        self.future: Future = Future()
-        self.outputs: list = [None] * records
-        self.requests: list = [None] * records  # each finished sequence's DecodeRequest: was it cut short?
-        self.left = self.records = records
-        self.priority = priority
-        self.batch = 0  # largest running batch one of its sequences was decoded in
 
 
 class ContinuousScheduler:
@@ -92,7 +61,11 @@ class ContinuousScheduler:
         self.max_running_sequences, self.max_cached_tokens = int(max_running_sequences), max_cached_tokens
         self.join_interval_steps = int(join_interval_steps)
         #: when the iteration under way began (its join's encoder pass, step, answers); None between: health checks
-        self._steps_since_join, self.iteration_began = 0, None
+        self._steps_since_join, self.iteration_began, self._steps = 0, None, 0
+        #: id -> (a waiting sequence the cache cap refused, the step it was first refused at): after max_new_tokens
+        #: steps of that (others joining beside it, so the batch never emptied for it), it is starved (`_admissible`)
+        self._refused: dict[int, tuple[DecodeRequest, int]] = {}
+        self._starved_after_steps = max(int(max_new_tokens), 1)
         #: most job (background) sequences in the running batch; None: no cap of their own
         self.max_background_sequences: Optional[int] = None
         #: per-sequence decode limits; default: the same for every sequence (the backend's settings)
@@ -114,7 +87,7 @@ class ContinuousScheduler:
         if not self.backend.supports(source, target):
             raise ValueError(f"model {self.backend.model_id!r} does not translate {source}->{target}")
         texts = list(texts)
-        call = _Call(len(texts), int(priority))
+        call = Call(len(texts), int(priority))
         if not texts:
             call.future.set_result(([], 0))
             return call.future
@@ -155,17 +128,23 @@ class ContinuousScheduler:
 
     def _admissible(self) -> list[DecodeRequest]:
         """Under the lock: the waiting sequences that would join before the next step (priority order, then
-        arrival order; stops at the first that does not fit, so long ones are not starved). Done calls' skipped."""
+        arrival order; stops at the first that does not fit, so long ones are not starved). Done calls' skipped.
+        A sequence the cache cap has refused for max_new_tokens steps (others of a higher priority kept joining, so
+        the batch never emptied for it) is starved: only its own queue, up to it, joins until it has joined."""
         joining, room = [], self.max_running_sequences - self.decoder.running
         cap = self.max_background_sequences
         background_room = None if cap is None else cap - sum(
             r.request.tag[0].priority >= Priority.BACKGROUND for r in self.decoder.rows)
-        for priority in sorted(self._waiting):
+        starved = self._starved()
+        for priority in [starved.tag[0].priority] if starved is not None else sorted(self._waiting):
             for request in self._waiting[priority]:
                 if request.tag[0].future.done():  # cancelled, or failed by a step another of its sequences ran
                     continue
                 background = priority >= Priority.BACKGROUND and background_room is not None
-                if room <= 0 or (background and background_room <= 0) or not self._fits(joining + [request]):
+                if room <= 0 or (background and background_room <= 0):
+                    return joining
+                if not self._fits(joining + [request]):
+                    self._refused.setdefault(id(request), (request, self._steps))
                     return joining
                 joining.append(request)
                 room -= 1
@@ -173,9 +152,20 @@ class ContinuousScheduler:
                     background_room -= 1
         return joining
 
+    def _starved(self) -> Optional[DecodeRequest]:
+        """The sequence refused longest, if that is max_new_tokens steps or more (refused ones whose call is done
+        are forgotten)."""
+        for key, (request, _) in list(self._refused.items()):
+            if request.tag[0].future.done():  # cancelled, or failed
+                del self._refused[key]
+        request, since = min(self._refused.values(), key=lambda refused: refused[1], default=(None, self._steps))
+        return request if self._steps - since >= self._starved_after_steps else None
+
     def _admit(self, admissible: list[DecodeRequest]) -> list[DecodeRequest]:
         """Under the lock: take `admissible` out of the queue, and the done calls' sequences before them."""
         joining = self._joining = admissible  # failed with the rest if an error stops the thread
+        for request in joining:
+            self._refused.pop(id(request), None)
         following = next(taken := iter(joining), None)
         for priority in sorted(self._waiting):
             queue = self._waiting[priority]
@@ -213,7 +203,7 @@ class ContinuousScheduler:
                         break
                     joining = self._joining_now()
                 rebuild = joining is not None
-                self._steps_since_join = 0 if rebuild else self._steps_since_join + 1
+                self._steps_since_join, self._steps = 0 if rebuild else self._steps_since_join + 1, self._steps + 1
                 self._iterate(joining or [], rebuild)
                 self.iteration_began = None
         except BaseException as exc:  # noqa: BLE001 - outside a step's own handling: no call would ever be answered
@@ -263,7 +253,7 @@ class ContinuousScheduler:
             held, self._held_peak = self._held_peak, 0
             trim_after_batch(held, DECODING_TRIM_AFTER_TOKENS, self.decoder.device)
 
-    def _answer(self, call: _Call) -> None:
+    def _answer(self, call: Call) -> None:
         try:  # each output marked if the model cut it short (segments.py)
             cut = [self.backend.is_cut(len(r.input_ids), ids, r.max_new_tokens, r.min_new_tokens)
                    for r, ids in zip(call.requests, call.outputs)]

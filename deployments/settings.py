@@ -121,8 +121,9 @@ class TranslationSettings(Section):
         "slots (sentences x (longest output allowed + longest source + join_interval_steps - 1), padding "
         "included); a sentence joins "
         "only while the bound holds if every running sentence decodes to its max_new_tokens. Memory per slot: "
-        "decoder layers x 2 (key, value) x d_model x bytes per value (Marian-base float32: 24 KiB). Unset: only "
-        "max_running_sequences bounds it.",
+        "decoder layers x 2 (key, value) x d_model x bytes per value (Marian-base float32: 24 KiB). A sentence the "
+        "bound holds back for max_new_tokens steps while others join is not starved: nothing else joins until it "
+        "has. Unset: only max_running_sequences bounds it.",
     )
 
     join_interval_steps: int = Field(

@@ -100,6 +100,30 @@ def test_cached_token_cap_holds_and_a_lone_sequence_always_runs(scheduler_for):
     assert any(running == 1 and projected > 60 for running, projected in seen)
 
 
+def test_a_sequence_the_cache_cap_holds_back_is_not_starved_by_others_joining(scheduler_for):
+    """A job sentence that fits the cache cap only alone waited for an empty batch that a stream of interactive
+    sentences never left, and the small job sentence behind it waited with it (3,751 steps in a review). After
+    max_new_tokens steps refused, nothing else joins until it has: both finish while the stream goes on."""
+    stream, holder = threading.Event(), []
+
+    def on_step(outcome):  # a new interactive sentence every 3 steps, for as long as the test runs
+        stream.set()
+        if len(holder) == 2 and outcome.running:
+            holder[1] += 1
+            if holder[1] % 3 == 0:
+                holder[0].submit(["a"], "en", "de", Priority.INTERACTIVE)
+    scheduler, _ = scheduler_for(max_cached_tokens=150, on_step=on_step)
+    scheduler.limits = lambda text, ids: (20, 20)
+    holder.extend([scheduler, 0])
+    scheduler.submit(["a"], "en", "de", Priority.INTERACTIVE)
+    assert stream.wait(30)
+    long_job = scheduler.submit([" ".join(["hello world"] * 30)], "en", "de", Priority.BACKGROUND)
+    small_job = scheduler.submit(["a"], "en", "de", Priority.BACKGROUND)
+    for future in (long_job, small_job):
+        future.result(timeout=60)
+    assert scheduler.decoder.running or scheduler.waiting()  # the stream was still going
+
+
 def test_interactive_calls_join_before_waiting_job_records(scheduler_for):
     scheduler, backend = scheduler_for(max_running_sequences=1)
     gate, joining, joined = threading.Event(), threading.Event(), []
