@@ -1,32 +1,29 @@
 """Continuous greedy decoding in fixed slots, each step one CUDA graph replay (the GPU's engine).
 
-On a GPU a step of a 400M-parameter model is ~3 ms of kernels behind 7-9 ms of Python launching them,
-and `ContinuousDecoder` changes every shape at every step. `SlotDecoder` keeps its contract (join, step,
-drop, compact) on tensors whose shapes change only in coarse buckets, so a step is one graph replay:
+On a GPU a step of a 400M-parameter model is ~3 ms of kernels behind 7-9 ms of Python launching them, and
+`ContinuousDecoder` changes every shape at every step. `SlotDecoder` keeps its contract (join, step, drop, compact) on
+tensors whose shapes change only in coarse buckets, so a step is one graph replay:
 
-* **slots:** a sequence takes the lowest free row of buffers sized for `slots` sequences and keeps
-  it until it finishes; a finished or dropped row is only marked free (nothing is copied). A step
-  runs the first R rows, R the power of two over the highest row in use.
-* **self-attention cache:** one buffer (layers, rows, heads, W, head_dim) per keys and values. Every
-  step writes its new column at the same index `col` for all rows; a row that joined at column s
-  attends to columns s..col, a per-row mask hides the rest. Attention weights do not depend on a
-  key's column (these models add absolute positions to the inputs), so this is the left-padded
-  layout of `ContinuousDecoder` without the copies. When `col` reaches W the columns no live row
-  needs are shifted out (or W doubles); a step attends to the first C columns, C the power of two
-  over col.
-* **cross-attention:** keys/values of every layer in one buffer (2, layers, rows, heads, S, head_dim);
-  a step reads the first power-of-two columns over the longest live source.
-* **joins:** joiners are padded to a bucket (rows, and columns from 32: powers of two) in fixed buffers;
-  their encoder pass, one projection (all layers' k/v weights concatenated) and the copy into their
-  slots are one graph per bucket (padding rows write a scratch row no step reads). Eager, a step with
-  joiners took 5x a plain one (docs/benchmarks/gpu-run-h100-graphs).
+* **slots:** a sequence takes the lowest free row of buffers sized for `slots` sequences and keeps it until it finishes;
+  a finished or dropped row is only marked free (nothing is copied). A step runs the first R rows, R the power of two
+  over the highest row in use.
+* **self-attention cache:** one buffer (layers, rows, heads, W, head_dim) per keys and values. Every step writes its new
+  column at the same index `col` for all rows; a row that joined at column s attends to columns s..col, a per-row mask
+  hides the rest. Attention weights do not depend on a key's column (these models add absolute positions to the inputs),
+  so this is the left-padded layout of `ContinuousDecoder` without the copies. When `col` reaches W the columns no live
+  row needs are shifted out (or W doubles); a step attends to the first C columns, C the power of two over col.
+* **cross-attention:** keys/values of every layer in one buffer (2, layers, rows, heads, S, head_dim); a step reads the
+  first power-of-two columns over the longest live source.
+* **joins:** joiners are padded to a bucket (rows, and columns from 32: powers of two) in fixed buffers; their encoder
+  pass, one projection (all layers' k/v weights concatenated) and the copy into their slots are one graph per bucket
+  (padding rows write a scratch row no step reads). Eager, a step with joiners took 5x a plain one
+  (docs/benchmarks/gpu-run-h100-graphs).
 * **warm-up:** `warm_up()` (at replica start) sizes the buffers for the longest output and captures all.
-* **the step:** embeddings, the model's own decoder layers (sdpa, boolean masks), its output projection
-  and greedy `generate`'s logits processors as tensor ops: one graph per (rows, columns, source)
-  bucket, captured on first use. The host reads the chosen ids, the step's one synchronisation.
+* **the step:** embeddings, the model's own decoder layers (sdpa, boolean masks), its output projection and greedy
+  `generate`'s logits processors as tensor ops: one graph per (rows, columns, source) bucket, captured on first use. The
+  host reads the chosen ids, the step's one synchronisation.
 
-Outputs equal single-input `generate` (tests/unit/test_continuous_decoder.py); eager without CUDA, as CI runs it.
-"""
+Outputs equal single-input `generate` (tests/unit/test_continuous_decoder.py); eager without CUDA, as CI runs it."""
 
 from __future__ import annotations
 
@@ -159,13 +156,16 @@ class SlotDecoder(ContinuousDecoder):
         return max((len(row.request.input_ids) for row in self.rows), default=0)
 
     def cached_tokens(self) -> int:
-        return self.running * (self._col + self._longest_source())
+        """As ContinuousDecoder counts them: live rows x (columns since the earliest live one joined + source)."""
+        first = min((self._col + 1 - len(r.ids) for r in self.rows), default=self._col)
+        return self.running * (self._col - first + self._longest_source())
 
     def projected_tokens(self, joining: Sequence[DecodeRequest] = ()) -> int:
         """ContinuousDecoder's bound in `cached_tokens`' layout: the rows share the column `_col`, so a row's
-        columns run from the one it joined at (now, for `joining`), not from zero."""
+        columns run from the one it joined at (now, for `joining`), counted from the earliest live row's."""
         rows = [(self._col + 1 - len(r.ids), r.request) for r in self.rows] + [(self._col, r) for r in joining]
-        return len(rows) * (max(start + r.max_new_tokens + 1 for start, r in rows)
+        first = min((start for start, _ in rows), default=0)
+        return len(rows) * (max(start - first + r.max_new_tokens + 1 for start, r in rows)
                             + max(len(r.input_ids) for _, r in rows)) if rows else 0
 
     @torch.inference_mode()

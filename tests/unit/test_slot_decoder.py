@@ -194,3 +194,25 @@ def test_the_scheduler_warms_the_slots_up_before_its_first_request(make_backend,
         assert decoder.captures == len(made[0]) and sum(g.replays for g in made[0]) > replays
     finally:
         scheduler.shutdown()
+
+
+def test_slots_count_cached_tokens_from_the_earliest_live_row_as_the_tensors_do(make_backend, tiny_marian_dir):
+    """The slots' shared column kept counting from a row long gone: after a long sentence left, one short row counted
+    102 token slots where the tensor engine (and max_cached_tokens' formula) counts 22, and a joiner that fits was
+    projected at 286 and refused."""
+    backend = make_backend(tiny_marian_dir)
+    ids = backend.encode_texts(["first", "a", "b"], "en")
+    figures = {}
+    for name, decoder in (("slots", SlotDecoder(backend.model, backend._pad, slots=8, graphs=False)),
+                          ("tensors", ContinuousDecoder(backend.model, backend._pad))):
+        decoder.join([DecodeRequest(ids[0], 100, 100, None, tag="long")])
+        for _ in range(80):
+            decoder.step()
+        decoder.join([DecodeRequest(ids[1], 40, 40, None, tag="short")])
+        while any(r.request.tag == "long" for r in decoder.rows):
+            decoder.step()
+        figures[name] = (decoder.running, decoder.cached_tokens(),
+                         decoder.projected_tokens([DecodeRequest(ids[2], 40, 40, None, tag="other")]))
+    assert figures["slots"][:2] == figures["tensors"][:2] == (1, 22)
+    # the joiner starts ~20 columns after the short row on the slots' shared column: 2 x (20 + 41 + 2)
+    assert figures["slots"][2] <= 2 * (21 + 41 + 2)
