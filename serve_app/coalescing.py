@@ -24,10 +24,15 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import logging
 from collections import deque
 from typing import Any, Awaitable, Callable, Hashable, Optional, Sequence
 
-from .errors import ServeAppError
+from deployments.errors import describe_exception
+
+from .errors import InternalError, ServeAppError
+
+logger = logging.getLogger("serve_app")
 
 
 def shared_task(coro: Awaitable[Any]) -> "asyncio.Task[Any]":
@@ -182,7 +187,13 @@ class CallCoalescer:
 
     def _call_done(self, call: _Call, task: asyncio.Task) -> None:
         self.inflight -= 1
-        for waiter in call.waiters:  # only if the task was cancelled before it set them
+        failed = None if task.cancelled() else task.exception()  # a bug past _run's handling (a result _slice fails on)
+        if failed is not None:
+            logger.error("a shared model call failed outside its handling: %s", describe_exception(failed))
+        for waiter in call.waiters:  # only if the task ended before it set them: cancelled, or that bug
             if not waiter.future.done():
-                waiter.future.cancel()
+                if failed is None:
+                    waiter.future.cancel()
+                else:  # a 500, not a CancelledError: the request would pass for its client gone (499)
+                    waiter.future.set_exception(InternalError("The model call failed; the error has been logged."))
         self._pump()

@@ -85,16 +85,17 @@ def _non_finite_errors(index: int, value: Any) -> list[dict]:
             for loc in _non_finite(value)]
 
 
-def _non_finite(value: Any, loc: tuple = ()) -> Iterator[tuple]:
-    """Where in a parsed JSON value a float is NaN or infinite."""
-    if isinstance(value, float) and not math.isfinite(value):
-        yield loc
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            yield from _non_finite(item, (*loc, key))
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            yield from _non_finite(item, (*loc, index))
+def _non_finite(value: Any) -> Iterator[tuple]:
+    """Where in a parsed JSON value a float is NaN or infinite, in document order. A walk, not a recursion: input
+    nested as deep as the JSON parser allows was a RecursionError here (a 500), before the Input's own 422."""
+    stack: list[tuple[Any, tuple]] = [(value, ())]
+    while stack:
+        value, loc = stack.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            yield loc
+        elif isinstance(value, (dict, list)):
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            stack.extend(reversed([(item, (*loc, key)) for key, item in items]))
 
 
 def custom_models(settings: AppSettings, clients: dict[str, ModelClient]) -> dict[str, CustomModel]:

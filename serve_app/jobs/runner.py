@@ -144,9 +144,9 @@ class JobRunner:
     @staticmethod
     def _same(existing: JobRecord, digest: str) -> JobRecord:
         if existing.body_hash != digest:
-            raise IdempotencyKeyReused(
-                f"This Idempotency-Key was used for another job ({existing.id}) with a different task or "
-                "payload; send a new key for a new job.")
+            raise IdempotencyKeyReused(  # without the job's id: a caller that did not submit it must not learn it
+                "This Idempotency-Key was used for another job with a different task or payload; send a new key "
+                "for a new job.")
         logger.info("job %s: submitted again with its key; not queued twice", existing.id)
         return existing
 

@@ -98,3 +98,17 @@ def test_calls_of_their_own_after_a_failed_shared_call_keep_to_the_in_flight_lim
     assert all(isinstance(s.exception(), InternalError) for s in shared)
     assert len(sent) == 10 and most == 1  # the shared call, then its 8 callers one at a time
     assert calls.calls_sent == 10 and calls.records_sent == 17 and calls.inflight == 0
+
+
+def test_a_bug_past_the_call_s_handling_is_a_500_for_its_callers_not_a_cancellation(loop):
+    """A result the slicing fails on (a model returning None) ended the shared call's task with an exception, and its
+    callers' futures were cancelled: each request was taken for one whose client had gone (499) and got no answer."""
+    async def send(key, records):
+        return None
+
+    async def scenario():
+        calls = CallCoalescer(send, lambda r, a, b: (r[0][a:b], r[1]), max_records=8, max_inflight_calls=1)
+        return await asyncio.gather(*(calls.submit(None, [text]) for text in ("a", "b")), return_exceptions=True)
+
+    outcomes = loop.run_until_complete(scenario())
+    assert all(isinstance(o, InternalError) for o in outcomes), outcomes

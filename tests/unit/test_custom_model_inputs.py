@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import enum
+import inspect
 import json
 import sys
 import types
@@ -83,6 +84,19 @@ def test_nan_and_infinity_are_refused_where_they_are(monkeypatch):
     for text in ("NaN", "-inf", "Infinity", "1e400"):  # strings a lax float field turns into them
         with pytest.raises(InvalidRequest, match="inputs.0.x: must be a finite number"):
             model.validate([{"x": text}])
+
+
+def test_input_nested_as_deep_as_json_allows_is_a_422_not_a_500(monkeypatch):
+    """The parser takes nesting up to Python's recursion limit less the stack in use; the route validates the inputs
+    some frames deeper than the body was parsed, where a recursive walk over them ran out of stack (a 500)."""
+    model = _ingress(monkeypatch)
+    depth = sys.getrecursionlimit() - len(inspect.stack()) - 12
+    deep = json.loads('{"x": 1, "extra": ' + "[" * depth + "]" * depth + "}")
+
+    def frames_deeper(n: int) -> list:
+        return frames_deeper(n - 1) if n else model.validate([deep, {"x": float("nan")}])
+    with pytest.raises(InvalidRequest, match="inputs.1.x: must be a finite number"):
+        frames_deeper(20)
 
 
 def test_a_strict_input_takes_dates_uuids_and_enums_as_json_carries_them(monkeypatch, loop):

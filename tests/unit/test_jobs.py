@@ -350,6 +350,7 @@ def test_idempotency_key_and_request_id_are_one_submission_per_owner(tmp_path):
     first, again, reused, other_owner, by_rid, resent, other_payload, after_finish, counts = asyncio.run(scenario())
     assert again["job_id"] == first["job_id"] == after_finish["job_id"] and after_finish["status"] == "succeeded"
     assert reused.status_code == 409 and reused.error_type == "idempotency_key_reused"
+    assert first["job_id"] not in reused.message  # (with auth_disabled every caller is one owner: a key is a guess)
     assert other_owner["job_id"] != first["job_id"]
     assert resent["job_id"] == by_rid["job_id"] != other_payload["job_id"]
     assert counts["succeeded"] == 6  # first, other owner, by_rid, other_payload and the two without an id
