@@ -131,10 +131,11 @@ class ContinuousScheduler:
         arrival order; stops at the first that does not fit, so long ones are not starved). Done calls' skipped.
         A sequence the cache cap has refused for max_new_tokens steps (others of a higher priority kept joining, so
         the batch never emptied for it) is starved: only its own queue, up to it, joins until it has joined."""
-        joining, room = [], self.max_running_sequences - self.decoder.running
+        # the rows of done calls (cancelled, failed) leave before the next join: they hold no room
+        live = [r.request.tag[0] for r in self.decoder.rows if not r.request.tag[0].future.done()]
+        joining, room = [], self.max_running_sequences - len(live)
         cap = self.max_background_sequences
-        background_room = None if cap is None else cap - sum(
-            r.request.tag[0].priority >= Priority.BACKGROUND for r in self.decoder.rows)
+        background_room = None if cap is None else cap - sum(call.priority >= Priority.BACKGROUND for call in live)
         starved = self._starved()
         for priority in [starved.tag[0].priority] if starved is not None else sorted(self._waiting):
             for request in self._waiting[priority]:

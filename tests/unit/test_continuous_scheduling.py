@@ -124,6 +124,29 @@ def test_a_sequence_the_cache_cap_holds_back_is_not_starved_by_others_joining(sc
     assert scheduler.decoder.running or scheduler.waiting()  # the stream was still going
 
 
+def test_a_cancelled_sequence_s_place_is_taken_at_the_join_that_drops_it(scheduler_for):
+    """The sequences of a cancelled call still counted as running when the next joiners were chosen, so its place
+    stayed empty for one more step (with join_interval_steps N, until the next rebuild: up to 2N)."""
+    paused, go = threading.Event(), threading.Event()
+    steps = Steps()
+
+    def on_step(outcome):
+        steps(outcome)
+        if not go.is_set():  # the thread waits here, between two iterations, while the test acts
+            paused.set()
+            assert go.wait(30)
+    scheduler, _ = scheduler_for(max_running_sequences=1, on_step=on_step)
+    scheduler.limits = lambda text, ids: (40, 40)
+    doomed = scheduler.submit(["Hello."], "en", "de")
+    assert paused.wait(30)
+    doomed.cancel()
+    taking_its_place = scheduler.submit(["Where is the train station?"], "en", "de")
+    go.set()
+    taking_its_place.result(timeout=60)
+    dropping = next(o for o in steps.outcomes if o.dropped)
+    assert dropping.joined == 1, steps.outcomes[:3]
+
+
 def test_interactive_calls_join_before_waiting_job_records(scheduler_for):
     scheduler, backend = scheduler_for(max_running_sequences=1)
     gate, joining, joined = threading.Event(), threading.Event(), []
