@@ -115,7 +115,7 @@ def split_variant(spec: str) -> tuple[str, dict, dict]:
 def run_variant(name: str, env: dict, args, out: Path, knobs: dict | None = None) -> dict:
     config = write_serve_app_config(args.workload, PORT, out / f"{name}.yaml", config="serve_config.placed.yaml",
                                     deployments={"Ingress": {"user_config": knobs}} if knobs else None)
-    proc = subprocess.Popen([sys.executable, "-m", "serve_app.run", str(config)],
+    proc = subprocess.Popen([sys.executable, "-m", "serve_app.run", "--address", "local", str(config)],
                             env=dict(os.environ, PYTHONPATH=str(ROOT), RAY_USAGE_STATS_ENABLED="0",
                                      SERVE_APP_DRAIN_TIMEOUT_S="2", **env),
                             stdout=open(out / f"{name}.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)

@@ -9,7 +9,8 @@ memory than `serve run` as a child plus config_check's own process, docs/benchma
 and on Ctrl-C / SIGTERM first drains every Ingress replica at once (serve_app/drain_signal.py: new model
 requests get `503 shutting_down` + Retry-After, /readyz turns 503, admitted requests finish, up to
 --drain-timeout-s), then shuts Serve and Ray down (on a cluster it joined: deletes its own applications
-only, and it refuses a cluster whose Serve serves others, which its config would delete). `make run` uses it.
+only, and it refuses a cluster whose Serve serves others, which its config would delete, or its config's names
+unless --replace: serve_app/joined_cluster.py). `make run` uses it.
 
 It starts a Ray instance of its own (--address local) unless told to join a cluster (--address
 host:port, env RAY_ADDRESS): never the one the machine's last `ray start` recorded by accident.
@@ -32,7 +33,7 @@ from typing import Callable
 
 import yaml
 
-from serve_app import status
+from serve_app import joined_cluster, status
 from serve_app.proxy import (DEFAULT_HAPROXY_METRICS_PORT, DEFAULT_HAPROXY_STATS_PORT, PROXY_CHOICES,
                              ProxyChoiceError, port_taken, proxy_environment)
 from serve_app.proxy_shedding import shedding_for_config
@@ -109,7 +110,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="the Ray cluster to serve on (env RAY_ADDRESS): local (the default) starts a Ray "
                              "instance of its own; host:port joins that cluster. Never the cluster that the "
                              "machine's last `ray start` recorded (/tmp/ray/ray_current_cluster) by accident")
+    parser.add_argument("--replace", action=argparse.BooleanOptionalAction,
+                        default=os.environ.get("SERVE_APP_REPLACE", "0").strip().lower() in ("1", "true", "yes"),
+                        help="on a joined cluster, replace applications of the config's names (env SERVE_APP_REPLACE)")
     ns = parser.parse_args(argv)
+    if ns.address == "auto":  # ray.init's "auto" is that record, dead or alive (issue 30)
+        parser.error("--address auto (RAY_ADDRESS=auto) would join whatever cluster the machine's last `ray start` "
+                     "recorded: name it as host:port, or local")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     # Every access-log line reaches the console: Ray's log deduplication folds lines that differ only
     # in ids and numbers into "[repeated Nx across cluster]", which dropped requests from the console
@@ -178,8 +185,8 @@ def _serve(ns: argparse.Namespace) -> int:
     signal_actor = drain_signal.create()
     stop = threading.Event()
     # After ray.init, which installs its own SIGTERM handler for the driver.
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGHUP: the terminal closed, the SSH link lost
+        signal.signal(signum, lambda *_: stop.set())
 
     app_names = _app_names(ns.config)
     port = http.port
@@ -188,21 +195,18 @@ def _serve(ns: argparse.Namespace) -> int:
         # Refused before anything is deployed, so that nothing is cleaned up either: an application of the
         # config's name there is someone's (deleting it was the cleanup's doing, before).
         try:
-            others = _other_apps(app_names) if joining else []
+            refused = joined_cluster.refusal(app_names, ns.replace) if joining else None
         except Exception as exc:  # noqa: BLE001 - the controller unreachable or slow: nothing deployed yet
-            _say(f"serve-app: could not deploy {ns.config}: the cluster did not say what it serves ({exc!r})")
-            return 1
-        if others:
-            _say(f"serve-app: could not deploy {ns.config}: the cluster already serves {', '.join(others)}, which "
-                 "deploying this config would delete (a Serve config is the whole set of applications): serve "
-                 "them together")
+            refused = f"the cluster did not say what it serves ({exc!r})"
+        if refused:
+            _say(f"serve-app: could not deploy {ns.config}: {refused}")
             return 1
         try:
             _deploy(config)
         except Exception as exc:  # noqa: BLE001 - Serve's start or the submission failed: nothing to drain
             _say(f"serve-app: could not deploy {ns.config}: {exc!r}")
             try:  # what did start (a joined cluster keeps detached actors otherwise)
-                _stop_serve(joining, app_names)
+                joined_cluster.stop_serve(joining, app_names, _say)
             except Exception as cleanup:  # noqa: BLE001
                 _say(f"serve-app: and could not shut Serve down: {cleanup!r}")
             return 1
@@ -212,7 +216,7 @@ def _serve(ns: argparse.Namespace) -> int:
         _say("serve-app: stopping: draining in-flight requests first (Ctrl-C again: stop at once)")
         if drain_unless_interrupted(lambda: drain_signal.drain(signal_actor, app_names, ns.drain_timeout_s, _say)):
             _say("serve-app: drain cut short by a second Ctrl-C: requests still in flight are cut off")
-        if drain_unless_interrupted(lambda: _stop_serve(joining, app_names)):
+        if drain_unless_interrupted(lambda: joined_cluster.stop_serve(joining, app_names, _say)):
             _say("serve-app: Serve's stop cut short by Ctrl-C" + (": the config's applications may still be "
                  "on the cluster (serve status)" if joining else ""))
     finally:
@@ -234,27 +238,6 @@ def drain_unless_interrupted(drain: Callable[[], None]) -> bool:
         return True
     finally:
         signal.signal(signal.SIGINT, previous)
-
-
-def _other_apps(app_names: list[str]) -> list[str]:
-    """The applications a joined cluster serves that the config does not name."""
-    from ray import serve
-
-    return sorted(set(serve.status().applications) - set(app_names))
-
-
-def _stop_serve(joining: bool, app_names: list[str]) -> None:
-    """Serve stopped as far as it is this launcher's: all of it on its own Ray instance; on a joined cluster only
-    the config's applications (serve.shutdown would delete every application there, other users' too)."""
-    from ray import serve
-
-    if not joining:
-        return serve.shutdown()
-    for name in app_names:  # each on its own: one that times out does not keep the others deployed
-        try:
-            serve.delete(name)
-        except Exception as exc:  # noqa: BLE001 - reported; the next one is still deleted
-            _say(f"serve-app: could not delete application {name!r}: {exc!r}")
 
 
 def _record_for_make_status(port: int, gcs_address: str) -> None:

@@ -68,7 +68,8 @@ def serve_process(tmp_path_factory):
     env.setdefault("SERVE_APP_JOBS_STORE_PATH", str(work / "jobs.sqlite3"))
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "serve_app.run", str(config)], cwd=ROOT, env=env, stdout=out,
+            [sys.executable, "-m", "serve_app.run", "--address", "local", str(config)],  # whatever RAY_ADDRESS says
+            cwd=ROOT, env=env, stdout=out,
             stderr=subprocess.STDOUT, start_new_session=True,
         )
     url = f"http://127.0.0.1:{port}"

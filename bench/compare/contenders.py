@@ -107,7 +107,7 @@ def _serve_app_start(config: str, deployments: dict | None = None) -> Callable[[
     (with `deployments` merged in, see write_serve_app_config)."""
     def argv(workload: str, port: int, scratch: Path) -> list[str]:
         written = write_serve_app_config(workload, port, scratch / config, config=config, deployments=deployments)
-        return [str(MAIN_PYTHON), "-m", "serve_app.run", str(written)]
+        return [str(MAIN_PYTHON), "-m", "serve_app.run", "--address", "local", str(written)]
     return argv
 
 

@@ -133,7 +133,7 @@ def test_make_run_stopped_and_started_again_keeps_every_job(own_run, tmp_path, f
     env = {"SERVE_APP_JOBS_STORE_PATH": str(store)}
     tag = uuid.uuid4().hex
     first = ServeRun(tmp_path / "first", env=env, config="serve_config.placed.yaml")
-    first.command = [sys.executable, "-m", "serve_app.run"]
+    first.command = [sys.executable, "-m", "serve_app.run", "--address", "local"]  # whatever RAY_ADDRESS says
     try:
         first.start()
         with httpx.Client(base_url=first.url, timeout=120) as http:
@@ -151,7 +151,7 @@ def test_make_run_stopped_and_started_again_keeps_every_job(own_run, tmp_path, f
     finally:
         first.stop(signal.SIGKILL)  # reaps what is left of its session (nothing, after a clean stop)
     second = ServeRun(tmp_path / "second", env=env, config="serve_config.placed.yaml")
-    second.command = [sys.executable, "-m", "serve_app.run"]
+    second.command = [sys.executable, "-m", "serve_app.run", "--address", "local"]
     try:
         second.start()
         with httpx.Client(base_url=second.url, timeout=120) as http:

@@ -168,7 +168,7 @@ def test_make_run_launcher_stops_gracefully_under_load(own_run, tmp_path, figure
     Retry-After if it had not reached the ingress yet. None loses its connection. On what `make
     run` serves, with two Ingress replicas (as under load): each replica must be drained."""
     run = ServeRun(tmp_path / "launcher", config=MAKE_RUN_CONFIG, deployments=TWO_INGRESS_REPLICAS)
-    run.command = [sys.executable, "-m", "serve_app.run"]
+    run.command = [sys.executable, "-m", "serve_app.run", "--address", "local"]  # whatever RAY_ADDRESS says
     in_flight, exited = _stop_under_load(run, sig, wait_s=90, ingress_replicas=2)
     kinds = _outcome_counts(in_flight)
     drained = re.search(r"drained (\d+) of (\d+) Ingress replica", run.log_tail(10**9))  # whole log: the access lines after it outgrow a fixed tail

@@ -61,7 +61,8 @@ def test_a_taken_port_is_refused_before_ray_starts_naming_it(monkeypatch, tmp_pa
 
 
 
-def _joined(monkeypatch, served: dict, deployed: list, config: str = "serve_config.placed.yaml", patch=None):
+def _joined(monkeypatch, served: dict, deployed: list, config: str = "serve_config.placed.yaml", patch=None,
+            replace: bool = False):
     """The launcher on a joined cluster whose Serve already serves `served`, with Ray faked; its calls."""
     import argparse
     import signal
@@ -94,7 +95,8 @@ def _joined(monkeypatch, served: dict, deployed: list, config: str = "serve_conf
     for (owner, name), value in (patch or {}).items():
         monkeypatch.setattr(owner, name, value)
     config = Path(__file__).resolve().parents[2] / config
-    ns = argparse.Namespace(config=str(config), address="198.18.0.1:6379", dashboard=False, drain_timeout_s=1.0)
+    ns = argparse.Namespace(config=str(config), address="198.18.0.1:6379", dashboard=False, drain_timeout_s=1.0,
+                            replace=replace)
     return run._serve(ns), calls
 
 
@@ -127,8 +129,7 @@ def test_on_a_joined_cluster_a_delete_that_times_out_is_reported_and_the_launche
     def delete(name, *a, **kw):
         deletes.append(name)
         raise TimeoutError(f"{name} did not stop within 60 s")
-    code, calls = _joined(monkeypatch, {"serve-app": object()}, deployed, config="serve_config.yaml",
-                          patch={(serve, "delete"): delete})
+    code, calls = _joined(monkeypatch, {}, deployed, config="serve_config.yaml", patch={(serve, "delete"): delete})
     assert code == 0 and len(deletes) == len(set(deletes)) > 0
     assert f"could not delete application {deletes[0]!r}" in capsys.readouterr().out
 
@@ -140,7 +141,7 @@ def test_a_ctrl_c_during_serve_s_stop_cuts_it_short_and_the_launcher_still_disco
 
     def interrupted(name, *a, **kw):  # what a Ctrl-C raises once the default handler is back
         raise KeyboardInterrupt
-    code, calls = _joined(monkeypatch, {"serve-app": object()}, [], patch={(serve, "delete"): interrupted})
+    code, calls = _joined(monkeypatch, {}, [], patch={(serve, "delete"): interrupted})
     assert code == 0 and calls[-1] == "ray.shutdown"
     out = capsys.readouterr().out
     assert "Serve's stop cut short by Ctrl-C" in out and "may still be on the cluster" in out
@@ -160,10 +161,35 @@ def test_a_joined_cluster_that_cannot_list_its_applications_is_reported_and_noth
 
 def test_on_a_joined_cluster_the_stop_deletes_only_the_config_s_applications(monkeypatch):
     deployed: list = []
-    code, calls = _joined(monkeypatch, {"serve-app": object()}, deployed)  # its own, from an earlier run
+    code, calls = _joined(monkeypatch, {}, deployed)
     assert code == 0 and len(deployed) == 1
     assert calls[-3:] == ["drained", ("serve.delete", "serve-app"), "ray.shutdown"]
     assert "serve.shutdown" not in calls
+
+
+def test_an_application_of_the_config_s_name_is_replaced_only_when_asked(monkeypatch, capsys):
+    """A RayService names its application serve-app too: joined, the launcher replaced it, and deleted it at its stop
+    (or, its deploy failing, deleted it without having replaced it). Refused unless --replace (SERVE_APP_REPLACE=1):
+    a launcher killed before its stop left its own there."""
+    deployed: list = []
+    code, calls = _joined(monkeypatch, {"serve-app": object()}, deployed)
+    assert code == 1 and deployed == []
+    assert not [c for c in calls if c == "serve.shutdown" or (isinstance(c, tuple) and c[0] == "serve.delete")]
+    assert "already serves serve-app, of this config's names" in capsys.readouterr().out
+    code, calls = _joined(monkeypatch, {"serve-app": object()}, deployed, replace=True)
+    assert code == 0 and len(deployed) == 1 and ("serve.delete", "serve-app") in calls
+
+
+def test_ray_address_auto_is_refused(monkeypatch, capsys):
+    """`ray.init(address="auto")` joins the cluster the machine's last `ray start` recorded, dead or alive."""
+    import pytest
+
+    from serve_app import run
+
+    monkeypatch.setenv("RAY_ADDRESS", "auto")
+    with pytest.raises(SystemExit):
+        run.main(["serve_config.yaml"])
+    assert "name it as host:port, or local" in capsys.readouterr().err
 
 
 def test_a_second_ctrl_c_cuts_the_drain_short_and_gives_the_launcher_its_handler_back():
