@@ -16,6 +16,23 @@ if TYPE_CHECKING:
     from .replica import ModelReplica
 
 
+class Ticket:
+    """One call through the intake, as `ModelReplica._enqueue` finds it (`replica._tickets`, by the item's id): its
+    caller gone (`abandoned`: never handed to the model queue), and its model-queue future once it was."""
+
+    __slots__ = ("abandoned", "future")
+
+    def __init__(self) -> None:
+        self.abandoned, self.future = False, None
+
+
+def abandoned() -> Future:
+    """The model-queue future of a call that was never sent there (`ModelReplica._enqueue`): cancelled."""
+    future: Future = Future()
+    future.cancel()
+    return future
+
+
 class TrackedBatchMethod:
     """Wraps a replica's `@serve.batch` method (the intake: it hands each call to the model queue and
     returns the call's model-queue future) and awaits the call's result: `(output, records of the
@@ -44,20 +61,22 @@ class TrackedBatchMethod:
         interactive = self._priority == Priority.INTERACTIVE
         if interactive:
             replica.interactive.enter()
-        queued: Optional[Future] = None
-        # Shielded: a call cancelled in Serve's intake may already have been handed to the model queue
-        # (its batch ran, this coroutine not yet resumed); the intake then finishes and the call is
-        # dropped from the model queue there, so that a record is counted either computed or dropped.
+        # Shielded, and ticketed: a call cancelled in Serve's intake is never handed to the model queue after that
+        # (`_enqueue` sees its ticket abandoned), and one already handed over is taken out of it at once if no batch
+        # took it yet: a record is counted either computed or dropped, and a dropped one is never computed. (A
+        # callback on the intake's end came a loop turn after the hand-over: an idle model thread had taken it.)
+        tickets, ticket = replica._tickets, Ticket()
+        tickets[id(item)] = ticket
         intake = asyncio.ensure_future(self._intake(item))
+        intake.add_done_callback(lambda _: tickets.pop(id(item)) if tickets.get(id(item)) is ticket else None)
         try:
             queued = await asyncio.shield(intake)
             output, batch_records, started_at = await asyncio.wrap_future(queued)
             replica.metrics.observe_queue_wait(started_at - enqueued_at)
             return output, batch_records
         except asyncio.CancelledError:
-            if queued is None:
-                intake.add_done_callback(lambda done: self._drop(done, records))
-            elif queued.cancelled():  # in the model queue and not started: dropped, never computed
+            ticket.abandoned = True
+            if ticket.future is None or ticket.future.cancel():  # never handed over, or not started: never computed
                 self._count_dropped(records)
             raise
         finally:
@@ -78,13 +97,6 @@ class TrackedBatchMethod:
     def _count_enqueued(self, records: int) -> None:
         self._replica._stats["enqueued"] += records
         self._replica.metrics.count_enqueued(records)
-
-    def _drop(self, intake: "asyncio.Future[Future]", records: int) -> None:
-        """A call cancelled in the intake, once the intake is done: dropped unless its batch started."""
-        if intake.cancelled():  # the intake itself was cancelled (shutdown): never reached the model
-            self._count_dropped(records)
-        elif intake.exception() is None and intake.result().cancel():
-            self._count_dropped(records)
 
     def _count_dropped(self, records: int) -> None:
         self._replica._stats["cancelled"] += records

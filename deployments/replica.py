@@ -19,7 +19,7 @@ from .adaptive_batching import AIMDBatchSizer, AIMDSettings
 from .batch_config import BatchConfig, parse_batch_config
 from .batching import gather_or_cancel, split
 from .health import ReplicaHealth
-from .intake import TrackedBatchMethod, own_queue, records_of
+from .intake import Ticket, TrackedBatchMethod, abandoned, own_queue, records_of
 from .metrics import ReplicaMetrics
 from .model_queue import BatchOutcome, Compute, ModelQueue
 from .priority import InteractiveGate, Priority, cap_for, priority_of
@@ -76,6 +76,8 @@ class ModelReplica:
                        # CPU seconds of the model thread inside model calls (the overhead probe,
                        # docs/benchmarks/overhead.md, subtracted it from the replica's CPU)
                        "model_cpu_s": 0.0}
+        #: the intake's calls in flight, by their item's id (deployments/intake.py Ticket)
+        self._tickets: dict[int, Ticket] = {}
         # Interactive calls queued or computing; background batches wait until there are none.
         self.interactive = InteractiveGate()
         for method in self._batched_methods():
@@ -167,7 +169,17 @@ class ModelReplica:
         calls' futures (Serve hands each caller its own)."""
         self._loop = asyncio.get_running_loop()
         cap = lambda: cap_for(priority, self.live_max_batch_size(), self.batch_config.background_max_batch_size)  # noqa
-        return self._model_thread.submit_all(compute, [(item, records_of(item)) for item in items], priority, cap)
+        tickets = [self._tickets.get(id(item)) for item in items]  # (intake.py: a call whose caller left is not sent)
+        sent = iter(self._model_thread.submit_all(
+            compute, [(item, records_of(item)) for item, t in zip(items, tickets) if not (t and t.abandoned)],
+            priority, cap))
+        futures = []
+        for ticket in tickets:
+            future = abandoned() if ticket and ticket.abandoned else next(sent)
+            if ticket is not None:
+                ticket.future = future
+            futures.append(future)
+        return futures
 
     async def _enqueue_background(self, items: list[Any], compute: Compute) -> list[Future]:
         """`_enqueue` for job work, once no interactive call is queued or computing on this replica:

@@ -214,7 +214,7 @@ def _tracked(intake):
     from deployments.intake import TrackedBatchMethod
 
     replica = SimpleNamespace(_stats={"enqueued": 0, "cancelled": 0}, metrics=_CountingMetrics(),
-                              interactive=InteractiveGate(),
+                              interactive=InteractiveGate(), _tickets={},
                               batch_config=SimpleNamespace(skip_batch_wait_when_alone=False))
     return TrackedBatchMethod(replica, intake), replica
 
@@ -226,11 +226,20 @@ def test_a_call_cancelled_in_the_intake_is_dropped_from_the_model_queue_and_coun
     records counted dropped once; before, they were counted dropped and then computed as well."""
     from concurrent.futures import Future
 
+    from deployments.intake import abandoned
+
+    sent = []
+
     async def scenario():
         handed_over, model_entry = asyncio.Event(), Future()
 
-        async def intake(item):
+        async def intake(item):  # Serve's batch, then ModelReplica._enqueue: a call whose caller left is not sent
             await handed_over.wait()
+            ticket = replica._tickets[id(item)]
+            if ticket.abandoned:
+                return abandoned()
+            sent.append(item)
+            ticket.future = model_entry
             return model_entry
 
         method, replica = _tracked(intake)
@@ -247,11 +256,11 @@ def test_a_call_cancelled_in_the_intake_is_dropped_from_the_model_queue_and_coun
         return model_entry, replica
 
     model_entry, replica = asyncio.run(scenario())
-    # The model thread skips a cancelled entry (set_running_or_notify_cancel is False). Without the
-    # race the intake finishes its batch too, and the entry is dropped the same way.
-    assert model_entry.cancelled()
+    # Handed over before the cancel: the model thread skips the cancelled entry (set_running_or_notify_cancel is
+    # False). Cancelled before: it is never sent.
+    assert model_entry.cancelled() if batched_before_cancel else sent == []
     assert replica._stats["cancelled"] == replica.metrics.cancelled == 3
-    assert replica.interactive.calls == 0
+    assert replica.interactive.calls == 0 and replica._tickets == {}
 
 
 def test_check_health_fails_while_the_model_is_stuck_in_one_call(translator, loop):

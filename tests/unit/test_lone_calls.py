@@ -7,7 +7,7 @@ from deployments.batching import Chunk
 from deployments.model_queue import RECENT_BATCHES, ModelQueue
 
 from .test_deployments import translator  # noqa: F401 - the fixture
-from .test_priority import _blocked_queue, _run
+from .test_priority import _blocked_queue, _run, gated_translator  # noqa: F401 - the fixture
 
 
 def test_the_model_queue_is_alone_only_when_idle_empty_and_lately_without_company():
@@ -81,3 +81,33 @@ def test_turned_off_every_call_goes_through_the_batch_queue(translator, loop):  
     spy = _spy(replica)
     loop.run_until_complete(replica.translate(Chunk("en", "pt", ["a"])))
     assert spy.calls == 1 and backend.batches == [("en", "pt", ["a"])]
+
+
+def test_a_call_cancelled_before_the_model_queue_is_never_computed(gated_translator, monkeypatch):
+    """A job's call held at the interactive gate (or in Serve's batch wait) whose caller left went on to the model
+    queue once the gate opened, and an idle model thread took it before the intake's end cancelled it there (10 of
+    10 with a 20 ms pause after the hand-over): computed for nobody. Its ticket says it was abandoned."""
+    import time
+
+    replica, backend, loop = gated_translator
+    backend.gate.set()
+    hand_over = replica._model_thread.submit_all
+
+    def slow_hand_over(*args, **kwargs):  # the model thread gets time to take what it was handed
+        futures = hand_over(*args, **kwargs)
+        time.sleep(0.02)
+        return futures
+    monkeypatch.setattr(replica._model_thread, "submit_all", slow_hand_over)
+
+    async def scenario():
+        replica.interactive.enter()  # an interactive call in flight: job calls wait at the gate
+        job = asyncio.ensure_future(replica.translate(Chunk("en", "pt", ["job"]), background=True))
+        await asyncio.sleep(0.05)
+        job.cancel()
+        replica.interactive.leave()
+        await asyncio.sleep(0.2)
+        return job.cancelled()
+
+    assert loop.run_until_complete(scenario())
+    stats = replica.stats()
+    assert backend.calls == [] and stats["computed"] == 0 and stats["cancelled"] == 1, stats
