@@ -48,6 +48,10 @@ class _Instruments:
             "serve_app_records_cancelled_total",
             description="Records whose caller cancelled (deadline, client gone) before their batch started: "
             "dropped from the queue, never computed.", tag_keys=tags)
+        self.failed_records = Counter(
+            "serve_app_records_failed_total",
+            description="Records whose model call raised (their callers got the error): with records_total and "
+            "records_cancelled_total, every enqueued record once.", tag_keys=tags)
         self.translated_again = Counter(
             "serve_app_records_translated_again_total",
             description="Records translated in pieces of whole sentences: a source past the model's input length "
@@ -113,6 +117,10 @@ class ReplicaMetrics:
     def count_cancelled(self, records: int) -> None:
         if self._on is not None and records:
             self._on.cancelled.inc(records, tags=self._tags)
+
+    def count_failed(self, records: int) -> None:
+        if self._on is not None and records:
+            self._on.failed_records.inc(records, tags=self._tags)
 
     def count_translated_again(self, records: int) -> None:
         if self._on is not None and records:

@@ -70,8 +70,8 @@ class ModelReplica:
         self._loop: Optional[asyncio.AbstractEventLoop] = None  # the replica's, seen at the first call
         self.health = ReplicaHealth(self.deployment_name)
         self.metrics = ReplicaMetrics(self.deployment_name)
-        #: in-process tallies of records: entered the queue, computed, cancelled while queued
-        self._stats = {"enqueued": 0, "computed": 0, "cancelled": 0,
+        #: in-process tallies of records: entered the queue, computed, cancelled while queued, failed in the model
+        self._stats = {"enqueued": 0, "computed": 0, "cancelled": 0, "failed": 0,
                        "computed_interactive": 0, "computed_background": 0,
                        # CPU seconds of the model thread inside model calls (the overhead probe,
                        # docs/benchmarks/overhead.md, subtracted it from the replica's CPU)
@@ -201,6 +201,9 @@ class ModelReplica:
             pass
 
     def _record_batch(self, outcome: BatchOutcome) -> None:
+        failed = outcome.records if outcome.failed else outcome.failed_records  # (their callers got the error)
+        self._stats["failed"] += failed
+        self.metrics.count_failed(failed)
         if outcome.failed:
             self.metrics.failed()
             if not outcome.inputs_blamed:  # (blamed: the model computed as large a known-good call right after)

@@ -111,3 +111,19 @@ def test_a_call_cancelled_before_the_model_queue_is_never_computed(gated_transla
     assert loop.run_until_complete(scenario())
     stats = replica.stats()
     assert backend.calls == [] and stats["computed"] == 0 and stats["cancelled"] == 1, stats
+
+
+def test_every_enqueued_record_is_counted_computed_cancelled_or_failed(translator, loop):  # noqa: F811
+    """The records of calls the model failed were counted enqueued and nothing else: the replica's own tallies (and
+    serve_app_records_*_total) no longer added up whenever a model failed."""
+    replica, backend = translator
+    backend.fail = True
+
+    async def calls():
+        return await asyncio.gather(*(replica.translate(Chunk("en", "pt", [f"a{i}", f"b{i}"])) for i in range(3)),
+                                    return_exceptions=True)
+    assert all(isinstance(outcome, Exception) for outcome in loop.run_until_complete(calls()))
+    backend.fail = False
+    assert loop.run_until_complete(replica.translate(Chunk("en", "pt", ["c"])))[0] == ["pt:c"]
+    stats = replica.stats()
+    assert stats["enqueued"] == 7 and stats["failed"] == 6 and stats["computed"] == 1, stats
