@@ -208,6 +208,10 @@ class ModelReplica:
             self.metrics.failed()
             if not outcome.inputs_blamed:  # (blamed: the model computed as large a known-good call right after)
                 self.health.failed(outcome.error)
+                # maybe its size (out of memory): the adaptive size backs off, or a request cut to that size
+                # fails again and again, until the health check gives the replica up (and its successor)
+                if (sizer := self._sizer) is not None and outcome.priority < Priority.BACKGROUND:
+                    sizer.observe(math.inf, outcome.records, outcome.full)
             return
         self.health.succeeded()
         background, done = outcome.priority >= Priority.BACKGROUND, outcome.records - outcome.failed_records

@@ -1,7 +1,11 @@
-"""A call alone on a replica skips `batch_wait_timeout_s` (`skip_batch_wait_when_alone`); calls that
-arrive together, or while others were batching lately, still go through `@serve.batch`."""
+"""A model replica's calls (deployments/replica.py, intake.py, model_queue.py): one alone skips `batch_wait_timeout_s`
+(`skip_batch_wait_when_alone`) while calls that arrive together, or while others were batching lately, still go
+through `@serve.batch`; one whose caller left is never computed; every record is counted once; a batch failing at
+its size backs the adaptive size off."""
 
 import asyncio
+
+import pytest
 
 from deployments.batching import Chunk
 from deployments.model_queue import RECENT_BATCHES, ModelQueue
@@ -127,3 +131,30 @@ def test_every_enqueued_record_is_counted_computed_cancelled_or_failed(translato
     assert loop.run_until_complete(replica.translate(Chunk("en", "pt", ["c"])))[0] == ["pt:c"]
     stats = replica.stats()
     assert stats["enqueued"] == 7 and stats["failed"] == 6 and stats["computed"] == 1, stats
+
+
+def test_a_batch_that_fails_at_its_size_backs_the_live_size_off(monkeypatch, loop):
+    """A model that runs out of memory past 4 texts, one client sending 8-record requests: the batch failing at the
+    live size never reached the sizer, so every request failed at 8 until the health check gave the replica up."""
+    from deployments.batching import Chunk
+    from deployments.translator import Translator
+    from deployments.settings import TranslationSettings
+    from tests.unit.test_length_batching import WordBackend
+
+    class SmallMemory(WordBackend):
+        def translate(self, texts, source, target):
+            if len(texts) > 4:
+                raise RuntimeError("CUDA out of memory")
+            return super().translate(texts, source, target)
+
+    monkeypatch.setattr("deployments.translator.load_translation_backend", lambda settings, threads: SmallMemory())
+    replica = Translator.func_or_class(TranslationSettings().model_dump())
+    replica.reconfigure({"max_batch_size": 8, "batch_wait_timeout_s": 0.0, "target_p99_batch_latency_s": 10.0,
+                         "adaptive_backoff_factor": 0.5})
+
+    def translate():
+        return loop.run_until_complete(replica.translate(Chunk("en", "pt", [f"t{i}" for i in range(8)])))[0]
+    with pytest.raises(Exception, match="out of memory"):
+        translate()
+    assert replica.live_max_batch_size() == 4
+    assert translate() == [f"pt:t{i}" for i in range(8)]  # in pieces of 4
