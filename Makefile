@@ -1,7 +1,10 @@
 # serve-app: `make run` serves the embedded default models; `make test` runs the suite.
 PYTHON ?= python3
 VENV ?= .venv
-PORT ?= 9527
+# From make's command line (make run PORT=8000) or 9527: not a PORT the shell exports (web tooling sets one).
+ifneq ($(origin PORT),command line)
+PORT := 9527
+endif
 # The Serve config `make run` serves: serve_config.placed.yaml runs the models inside the Ingress
 # replicas (the fastest start on one machine); serve_config.yaml gives each model a deployment of its own.
 CONFIG ?= serve_config.placed.yaml

@@ -77,7 +77,7 @@ def check_config(config: dict[str, Any]) -> list[str]:
 
     from .auth import reject_secrets_in_args, reject_secrets_in_env_vars
     from deployments.model_module import deployment_name
-    from .settings import load_settings
+    from .app_settings import app_settings
 
     if not isinstance(config, dict):
         return ["the config must be a mapping"]
@@ -105,7 +105,7 @@ def check_config(config: dict[str, Any]) -> list[str]:
             except ValueError as exc:
                 problems.append(f"{where}.{exc}")
             try:
-                settings = load_settings(app.get("args"))
+                settings = app_settings(app)  # (with its runtime_env's env_vars, as Serve builds it)
             except Exception as exc:
                 problems.append(f"{where}.args: {exc}")
                 settings = None

@@ -118,12 +118,12 @@ def shedding_for_config(config: Mapping[str, Any]) -> Optional[ProxyShedding]:
     """The bound for a Serve config's serve-app applications (their `args:` and SERVE_APP_INGRESS_*
     as the replicas read them); with several, the largest of each so that HAProxy never refuses what
     one of them would hold. None without a serve-app application."""
-    from .settings import load_settings
+    from .app_settings import app_settings
 
     found: list[tuple[Any, str]] = []
     for app in config.get("applications") or []:
         if str(app.get("import_path", "")).startswith(SERVE_APP_IMPORT_PREFIX):
-            found.append((load_settings(app.get("args")).ingress, app.get("route_prefix") or "/"))
+            found.append((app_settings(app).ingress, app.get("route_prefix") or "/"))
     if not found:
         return None
     return ProxyShedding(

@@ -85,3 +85,24 @@ def test_serve_app_in_ray_s_dot_form_of_the_import_path_gets_every_check(config)
     colon = check_config(bad)
     bad["applications"][0]["import_path"] = "serve_app.builder.build_app"
     assert len(colon) >= 2 and check_config(bad) == colon
+
+
+def test_the_application_s_runtime_env_vars_are_read_as_its_build_reads_them(config, monkeypatch):
+    """Serve builds the application in its runtime_env: a setting there that the build refuses passed the check (and
+    HAProxy's bounds were computed without it), while the same variable in the launcher's shell was refused."""
+    import os
+
+    from serve_app.proxy_shedding import shedding_for_config
+    from serve_app.settings import load_settings
+
+    monkeypatch.delenv("SERVE_APP_TRANSLATION_BACKEND", raising=False)
+    bad = copy.deepcopy(config)
+    bad["applications"][0].setdefault("runtime_env", {}).setdefault("env_vars", {})[
+        "SERVE_APP_TRANSLATION_BACKEND"] = "nonsense"
+    assert any("nonsense" in problem for problem in check_config(bad))
+    assert "SERVE_APP_TRANSLATION_BACKEND" not in os.environ  # only while the settings are read
+    more = copy.deepcopy(config)
+    more["applications"][0].setdefault("runtime_env", {}).setdefault("env_vars", {})[
+        "SERVE_APP_INGRESS_RETRY_AFTER_S"] = "7"  # (not in its args, which come first)
+    assert load_settings(config["applications"][0]["args"]).ingress.retry_after_s != 7
+    assert shedding_for_config(more).retry_after_s == 7 and "SERVE_APP_INGRESS_RETRY_AFTER_S" not in os.environ

@@ -1,4 +1,4 @@
-"""The Makefile's venv rule: a venv whose creation failed half way is not taken as done by the next make."""
+"""The Makefile: a venv whose creation failed half way is not taken as done by the next make; `make run`'s port."""
 
 from __future__ import annotations
 
@@ -25,3 +25,16 @@ def test_a_half_made_venv_is_removed_so_the_next_make_makes_it_again(tmp_path):
     assert first.returncode != 0 and not venv.exists(), first.stderr
     again = subprocess.run([*args, "-n", f"PYTHON={fake}"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert "-m venv" in again.stdout, again.stdout + again.stderr  # not "up to date": it is made again
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_make_run_s_port_comes_from_its_command_line_not_the_shell_s_port():
+    """A shell that exports PORT (web tooling does) moved `make run` off 9527, and the README's curl failed."""
+    import os
+
+    root = ROOT
+    env = {**os.environ, "PORT": "3000"}
+    exported = subprocess.run(["make", "-n", "run"], capture_output=True, text=True, timeout=60, cwd=root, env=env)
+    given = subprocess.run(["make", "-n", "run", "PORT=8000"], capture_output=True, text=True, timeout=60, cwd=root,
+                           env=env)
+    assert "3000" not in exported.stdout and "8000" in given.stdout, (exported.stdout, given.stdout)
