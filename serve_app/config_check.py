@@ -216,7 +216,7 @@ def _autoscaler_visibility(app: dict, settings: Any, model_names: tuple, where: 
     at most `max_inflight_calls_per_model` there (per Ingress replica) and lets the rest share
     calls in its own queue, which the autoscaler cannot see. So it must allow at least
     max_replicas x target_ongoing_requests, or max_replicas can never be reached."""
-    deps = {d.get("name"): d for d in app.get("deployments") or [] if isinstance(d, dict)}
+    deps = {d.get("name"): d for d in _entries(app)}
     ingress = deps.get("Ingress", {})
     ingress_auto = ingress.get("autoscaling_config")
     ingresses = (ingress_auto.get("min_replicas", 1) if isinstance(ingress_auto, dict)

@@ -106,3 +106,10 @@ def test_the_application_s_runtime_env_vars_are_read_as_its_build_reads_them(con
         "SERVE_APP_INGRESS_RETRY_AFTER_S"] = "7"  # (not in its args, which come first)
     assert load_settings(config["applications"][0]["args"]).ingress.retry_after_s != 7
     assert shedding_for_config(more).retry_after_s == 7 and "SERVE_APP_INGRESS_RETRY_AFTER_S" not in os.environ
+
+
+@pytest.mark.parametrize("deployments", [5, True, "Ingress"])
+def test_deployments_that_are_not_a_list_are_a_problem_not_a_crash(config, deployments):
+    bad = copy.deepcopy(config)
+    bad["applications"][0]["deployments"] = deployments
+    assert any("Serve rejects the config" in problem for problem in check_config(bad))

@@ -38,3 +38,16 @@ def test_make_run_s_port_comes_from_its_command_line_not_the_shell_s_port():
     given = subprocess.run(["make", "-n", "run", "PORT=8000"], capture_output=True, text=True, timeout=60, cwd=root,
                            env=env)
     assert "3000" not in exported.stdout and "8000" in given.stdout, (exported.stdout, given.stdout)
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_an_older_python_is_refused_before_a_venv_is_made_of_it(tmp_path):
+    """Ubuntu 22.04's python3 is 3.10: its venv was kept after the install failed, and `make run PYTHON=python3.11`
+    went on using it."""
+    fake = tmp_path / "python3.10"
+    fake.write_text('#!/bin/sh\nif [ "$1" = -c ]; then exit 1; fi\nmkdir -p "$3/bin" && touch "$3/bin/python"\n')
+    fake.chmod(0o755)
+    venv = tmp_path / "venv"
+    made = subprocess.run(["make", "-s", "-f", str(ROOT / "Makefile"), f"VENV={venv}", f"{venv}/bin/python",
+                           f"PYTHON={fake}"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert made.returncode != 0 and not venv.exists() and "needs Python 3.11" in made.stderr, made.stderr
