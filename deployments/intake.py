@@ -54,6 +54,7 @@ class TrackedBatchMethod:
         """`counted`: the records were counted enqueued already (a piece cut again after the intake
         refused it for a live batch size that shrank: `ModelReplica._submit_pieces`)."""
         replica = self._replica
+        replica._loop = asyncio.get_running_loop()  # from the first call on, reconfigure applies on this loop
         records = records_of(item)
         enqueued_at = time.perf_counter()
         if not counted:

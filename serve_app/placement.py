@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional
 
 from ray.serve.handle import DeploymentHandle
 
+from deployments.batch_config import parse_batch_config
 from deployments.custom_model import CustomModel
 from deployments.embedder import Embedder
 from deployments.model_module import deployment_name
@@ -58,6 +59,8 @@ class PlacedModels:
         if unknown:
             raise ValueError(f"Ingress user_config has {unknown!r}, but the models placed in the Ingress are "
                              f"{self.names()!r} (a model's `placement: ingress` puts it here)")
+        for name, batch in (user_config or {}).items():  # every model's checked first: none applied if one is bad
+            parse_batch_config(batch, name)
         for name, batch in (user_config or {}).items():
             self.clients[name].replica.reconfigure(batch)
 

@@ -99,6 +99,11 @@ def test_the_ingress_user_config_only_takes_models_placed_in_it(placed_ingress):
         ingress.reconfigure({"Model.iris": {"max_batch_size": 8, "batch_wait_timeout_s": 0.01}})
     with pytest.raises(ValueError, match="max_batch_size=0"):
         ingress.reconfigure({"Translator": {"max_batch_size": 0, "batch_wait_timeout_s": 0.01}})
+    # all or nothing: a bad Embedder config leaves the Translator's as it was (it was applied, then the deploy failed)
+    with pytest.raises(ValueError, match="max_batch_size=0"):
+        ingress.reconfigure({"Translator": {"max_batch_size": 7, "batch_wait_timeout_s": 0.01},
+                             "Embedder": {"max_batch_size": 0, "batch_wait_timeout_s": 0.01}})
+    assert ingress.clients["Translator"].replica.batch_config.max_batch_size == 4
 
 
 def test_a_placed_model_that_keeps_failing_fails_the_ingress_health_check(placed_ingress, loop):

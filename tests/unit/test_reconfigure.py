@@ -61,3 +61,24 @@ def test_a_serve_deploy_applies_the_knobs_on_the_replicas_loop(monkeypatch, runn
     assert applied_on == [loop_thread, loop_thread] and replica.live_max_batch_size() == 3
     with pytest.raises(ValueError, match="max_batch_size"):  # a bad config is refused in the caller
         replica.reconfigure({"max_batch_size": 0, "batch_wait_timeout_s": 0.0})
+
+
+def test_a_serve_deploy_while_the_first_call_waits_in_serve_s_queue_applies_on_the_loop(monkeypatch, running_loop):
+    """The loop was learned when the first calls reached the model queue: a deploy while they still waited in
+    `@serve.batch`'s queue was applied on Serve's worker thread, interleaving with their first batch's bookkeeping."""
+    loop, loop_thread = running_loop
+    monkeypatch.setattr("deployments.translator.load_translation_backend", lambda settings, threads: WordBackend())
+    replica = Translator.func_or_class(TranslationSettings().model_dump())
+    replica.reconfigure({"max_batch_size": 8, "batch_wait_timeout_s": 2.0, "skip_batch_wait_when_alone": False})
+    applied_on, apply = [], replica._apply_batch_config
+
+    def recorded(batch_config=None):
+        applied_on.append(threading.current_thread())
+        return apply(batch_config)
+    monkeypatch.setattr(replica, "_apply_batch_config", recorded)
+    first = asyncio.run_coroutine_threadsafe(replica.translate(Chunk("en", "pt", ["t"])), loop)
+    asyncio.run_coroutine_threadsafe(asyncio.sleep(0.1), loop).result(10)  # the call waits for company in Serve's
+    assert not first.done()
+    replica.reconfigure({"max_batch_size": 8, "batch_wait_timeout_s": 0.0, "skip_batch_wait_when_alone": False})
+    assert applied_on == [loop_thread]
+    assert first.result(30)[0] == ["pt:t"]
