@@ -236,8 +236,8 @@ class ContinuousScheduler:
             logger.error("continuous decoding step failed: %s", describe_exception(exc))
             error = BackendError(f"generation failed for {self.backend.model_id!r}: {type(exc).__name__}: {exc}")
             took, cpu = time.perf_counter() - start, time.thread_time() - cpu_start
-            outcome = StepOutcome(0, len(joining), 0, {}, took, cpu, 0, dropped, True, error)
-            return self._fail_running(error, joining, outcome)
+            self._fail_running(error, joining, StepOutcome(0, len(joining), 0, {}, took, cpu, 0, dropped, True, error))
+            return
         by_priority: dict[int, int] = {}
         done = []
         for request, ids in finished:
@@ -245,7 +245,8 @@ class ContinuousScheduler:
             call.outputs[index], call.requests[index] = ids, request
             call.left -= 1
             by_priority[call.priority] = by_priority.get(call.priority, 0) + 1
-            done += [call] if call.left == 0 else []
+            if call.left == 0:
+                done.append(call)
         self._report(StepOutcome(running, len(joining), len(finished), by_priority, time.perf_counter() - start,
                                  time.thread_time() - cpu_start, self.decoder.cached_tokens(), dropped))
         for call in done:

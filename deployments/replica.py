@@ -67,7 +67,7 @@ class ModelReplica:
         # batch computes; it joins every call waiting for it into the next batch (up to the live
         # max_batch_size), interactive calls ahead of background (job) calls.
         self._model_thread = ModelQueue(f"{self.deployment_name}-model", on_batch=self._batch_finished)
-        self._loop: Optional[asyncio.AbstractEventLoop] = None  # the replica's, seen at the first call
+        self._loop: Optional[asyncio.AbstractEventLoop] = None  # the replica's, set by the intake at the first call
         self.health = ReplicaHealth(self.deployment_name)
         self.metrics = ReplicaMetrics(self.deployment_name)
         #: in-process tallies of records: entered the queue, computed, cancelled while queued, failed in the model
@@ -167,18 +167,15 @@ class ModelReplica:
         """The body of a `@serve.batch` intake method: hand each call to the model queue, which
         runs `compute` (on the model thread) over the calls it joins into one batch; returns the
         calls' futures (Serve hands each caller its own)."""
-        self._loop = asyncio.get_running_loop()
         cap = lambda: cap_for(priority, self.live_max_batch_size(), self.batch_config.background_max_batch_size)  # noqa
         tickets = [self._tickets.get(id(item)) for item in items]  # (intake.py: a call whose caller left is not sent)
+        gone = [ticket is not None and ticket.abandoned for ticket in tickets]
         sent = iter(self._model_thread.submit_all(
-            compute, [(item, records_of(item)) for item, t in zip(items, tickets) if not (t and t.abandoned)],
-            priority, cap))
-        futures = []
-        for ticket in tickets:
-            future = abandoned() if ticket and ticket.abandoned else next(sent)
+            compute, [(item, records_of(item)) for item, left in zip(items, gone) if not left], priority, cap))
+        futures = [abandoned() if left else next(sent) for left in gone]
+        for ticket, future in zip(tickets, futures):
             if ticket is not None:
                 ticket.future = future
-            futures.append(future)
         return futures
 
     async def _enqueue_background(self, items: list[Any], compute: Compute) -> list[Future]:

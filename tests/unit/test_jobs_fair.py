@@ -126,19 +126,13 @@ def test_one_key_holds_at_most_its_share_of_the_slots_and_another_key_starts_at_
     asyncio.run(scenario())
 
 
-def _now(check):
-    """`check` as the awaitable condition `_until` takes."""
-    async def condition():
-        return check()
-    return condition
-
-
 def test_result_pages_are_built_a_few_at_once_and_fair_between_keys(tmp_path):
     """A result page is up to jobs.max_page_bytes of JSON, about 3 x that as Python objects, built in the JobManager
     that runs every key's jobs: one key polling from hundreds of connections could run it out of memory. Pages are built
     PAGE_READS_AT_ONCE at a time, at most half of them for one key, so another key's read is not queued behind."""
     from serve_app.jobs.reads import PAGE_READS_AT_ONCE
-    from .test_jobs import _finished, _until
+    from .test_jobs import _finished
+    from .test_jobs_recovery import _until
 
     async def scenario():
         runner, _, _ = await _runner(tmp_path)
@@ -160,9 +154,9 @@ def test_result_pages_are_built_a_few_at_once_and_fair_between_keys(tmp_path):
             flood = [asyncio.ensure_future(runner.get(a, "k-a")) for _ in range(20)]
             half = PAGE_READS_AT_ONCE // 2
             slots = runner._page_reads
-            await _until(_now(lambda: building.count(a) == half and len(slots._waiting) == 20 - half))
+            await _until(lambda: building.count(a) == half and len(slots._waiting) == 20 - half)
             other = asyncio.ensure_future(runner.get(b, "k-b"))
-            await _until(_now(lambda: b in building))
+            await _until(lambda: b in building)
             assert building.count(b) == 1 and building.count(a) == half, building
             gate.set()
             views = await asyncio.gather(*flood, other)
