@@ -73,7 +73,7 @@ def check_config(config: dict[str, Any]) -> list[str]:
         ServeDeploySchema,
     )
 
-    from deployments.batch_config import default_batch, parse_batch_config
+    from deployments.batch_config import MODEL_MAX_ONGOING_REQUESTS, default_batch, parse_batch_config
 
     from .auth import reject_secrets_in_args, reject_secrets_in_env_vars
     from deployments.model_module import deployment_name
@@ -130,7 +130,7 @@ def check_config(config: dict[str, Any]) -> list[str]:
             elif ours and dname not in names:
                 problems.append(f"{dwhere}: no deployment named {dname!r} (deployments: {', '.join(names)})")
             if dname == "Ingress" and settings is not None and "user_config" in dep:
-                problems += _placed_batch_configs(dep["user_config"], placed, dwhere)
+                problems += _placed_batch_configs(dep["user_config"], placed, settings, dwhere)
             if dname == JOB_DEPLOYMENT and settings is not None and not settings.jobs.enabled:
                 problems.append(f"{dwhere}: args.jobs.enabled is false, so the app has no {dname} deployment")
             if isinstance(dep.get("autoscaling_config"), dict):
@@ -142,6 +142,8 @@ def check_config(config: dict[str, Any]) -> list[str]:
                 if isinstance(dep["ray_actor_options"].get("runtime_env"), dict):
                     problems += reject_secrets_in_env_vars(dep["ray_actor_options"]["runtime_env"].get("env_vars"),
                                                            f"{dwhere}.ray_actor_options.runtime_env")
+            if not ours:  # another application's deployments: Serve's schema only, not serve-app's batch rules
+                continue
             if dname in model_names and "user_config" in dep:
                 try:
                     batch = parse_batch_config(dep["user_config"], dname)
@@ -149,24 +151,25 @@ def check_config(config: dict[str, Any]) -> list[str]:
                     problems.append(f"{dwhere}: {exc}")
                     continue
                 if dname == "Translator" and settings is not None:
-                    problems += _continuous_ignores(batch, settings.translation, dwhere)
+                    problems += _continuous_ignores(batch, settings.translation, f"{dwhere}.user_config")
                 problems += _custom_ignores(batch, dname, f"{dwhere}.user_config")
             elif dname in model_names:  # Serve keeps the deployment's own user_config: the code's preset
                 batch = default_batch(dname)
             else:
                 continue
-            ongoing = dep.get("max_ongoing_requests")
+            ongoing = dep.get("max_ongoing_requests", MODEL_MAX_ONGOING_REQUESTS)  # (absent: the code's)
             if isinstance(ongoing, int) and ongoing < batch.max_batch_size:
                 problems.append(
-                    f"{dwhere}: max_ongoing_requests={ongoing} is below max_batch_size={batch.max_batch_size}"
-                    f"{'' if 'user_config' in dep else ' (its default user_config)'}; a full batch of "
-                    "single-record calls could never form")
+                    f"{dwhere}: max_ongoing_requests={ongoing}"
+                    f"{'' if 'max_ongoing_requests' in dep else ' (the default)'} is below max_batch_size="
+                    f"{batch.max_batch_size}{'' if 'user_config' in dep else ' (its default user_config)'}; a full "
+                    "batch of single-record calls could never form")
     return problems
 
 
-def _placed_batch_configs(user_config: Any, placed: dict[str, str], where: str) -> list[str]:
+def _placed_batch_configs(user_config: Any, placed: dict[str, str], settings: Any, where: str) -> list[str]:
     """The Ingress's user_config: a batch config (as the model deployment's own user_config) per
-    model placed in the Ingress, keyed by that model's deployment name."""
+    model placed in the Ingress, keyed by that model's deployment name, checked as that deployment's own."""
     from deployments.batch_config import parse_batch_config
 
     if not isinstance(user_config, dict):
@@ -179,9 +182,13 @@ def _placed_batch_configs(user_config: Any, placed: dict[str, str], where: str) 
                             f"{', '.join(sorted(placed)) or 'none'}; set args.<model>.placement: ingress)")
             continue
         try:
-            problems += _custom_ignores(parse_batch_config(batch, name), name, f"{where}.user_config.{name}")
+            parsed = parse_batch_config(batch, name)
         except ValueError as exc:
             problems.append(f"{where}.user_config.{name}: {exc}")
+            continue
+        if name == "Translator":
+            problems += _continuous_ignores(parsed, settings.translation, f"{where}.user_config.{name}")
+        problems += _custom_ignores(parsed, name, f"{where}.user_config.{name}")
     return problems
 
 
@@ -206,7 +213,7 @@ def _continuous_ignores(batch: Any, translation: Any, where: str) -> list[str]:
     if translation.scheduling != "continuous":
         return []
     given = batch.user_config()
-    return [f"{where}.user_config.{knob}={given[knob]!r} has no effect with args.translation.scheduling="
+    return [f"{where}.{knob}={given[knob]!r} has no effect with args.translation.scheduling="
             f"'continuous' (the decoding loop's limits are args.translation.max_running_sequences and "
             f"max_cached_tokens): remove it" for knob in _STATIC_ONLY_KNOBS if knob in given]
 

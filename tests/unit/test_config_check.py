@@ -54,6 +54,10 @@ def _deployment(config, name):
     # Serve keeps the deployment's own user_config when its entry sets none: Translator's batches of 32
     (lambda c: (_deployment(c, "Translator").pop("user_config"), _deployment(c, "Translator").__setitem__(
         "max_ongoing_requests", 4)), "max_ongoing_requests=4 is below max_batch_size=32 (its default user_config)"),
+    # without its own max_ongoing_requests a model deployment has the code's, 128
+    (lambda c: (_deployment(c, "Embedder").pop("max_ongoing_requests", None),
+                _deployment(c, "Embedder")["user_config"].__setitem__("max_batch_size", 256)),
+     "max_ongoing_requests=128 (the default) is below max_batch_size=256"),
 ])
 def test_typos_and_bad_values_are_reported(config, mutate, expected):
     bad = copy.deepcopy(config)
@@ -113,3 +117,15 @@ def test_deployments_that_are_not_a_list_are_a_problem_not_a_crash(config, deplo
     bad = copy.deepcopy(config)
     bad["applications"][0]["deployments"] = deployments
     assert any("Serve rejects the config" in problem for problem in check_config(bad))
+
+
+def test_another_application_s_deployments_are_not_held_to_serve_app_s_batch_rules(config):
+    """A second application (not serve-app's builder) may name a deployment Translator with a user_config of its own:
+    Serve's schema checks it, serve-app's batch knobs do not (it was refused as an unknown batch knob)."""
+    both = copy.deepcopy(config)
+    both["applications"].append({
+        "name": "theirs", "route_prefix": "/theirs", "import_path": "their_pkg.app:app",
+        "deployments": [{"name": "Translator", "user_config": {"beam": 4}, "max_ongoing_requests": 1}]})
+    assert check_config(both) == []
+    both["applications"][1]["deployments"][0]["max_ongoing_request"] = 1  # Serve's own schema still applies
+    assert any("max_ongoing_request" in problem for problem in check_config(both))

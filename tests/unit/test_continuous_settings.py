@@ -60,3 +60,25 @@ def test_config_check_accepts_continuous_scheduling():
 def test_config_check_reports_bad_continuous_knobs(mutate, expected):
     problems = _checked(mutate)
     assert any(expected in p for p in problems), problems
+
+
+def test_config_check_reports_static_knobs_of_a_translator_placed_in_the_ingress():
+    """A Translator placed in the Ingress has its batch knobs in the Ingress's user_config: checked the same."""
+    import copy
+    from pathlib import Path
+
+    from serve_app.config_check import check_config, load_config
+
+    config = copy.deepcopy(load_config(Path(__file__).resolve().parents[2] / "serve_config.placed.yaml"))
+    app = config["applications"][0]
+    app["args"]["translation"].update(backend="transformers", model="Helsinki-NLP/opus-mt-en-de",
+                                      scheduling="continuous")
+    ingress = next(d for d in app["deployments"] if d["name"] == "Ingress")
+    ingress["user_config"]["Translator"].pop("max_batch_tokens", None)
+    ingress["user_config"]["Translator"].pop("target_p99_batch_latency_s", None)
+    assert check_config(config) == []
+    ingress["user_config"]["Translator"]["max_batch_tokens"] = 2048
+    assert check_config(config) == [
+        "applications[serve-app].deployments[Ingress].user_config.Translator.max_batch_tokens=2048 has no effect "
+        "with args.translation.scheduling='continuous' (the decoding loop's limits are "
+        "args.translation.max_running_sequences and max_cached_tokens): remove it"]
