@@ -3,7 +3,7 @@
 `ContinuousScheduler` runs a `ContinuousDecoder` (deployments/backends/continuous_decoder.py) on its own thread. Callers
 submit calls (a language pair and some texts); each text becomes one sequence. Before every decoding step the scheduler
 admits waiting sequences, highest priority first (interactive before job records) and in arrival order, while the
-running batch stays within `max_running_sequences` and its projected cache (`ContinuousDecoder.projected_tokens`: every
+running batch stays within `max_running_sequences` and its projected cache (`ContinuousDecoder.projection`: every
 running sequence decoding to its max_new_tokens, padding included) within `max_cached_tokens`; the admitted ones are
 encoded together and take their first step with the others. A sequence leaves the batch at the step that finishes it; a
 call is answered as soon as its last sequence is done. With `join_interval_steps` N > 1, sequences join (and finished
@@ -23,6 +23,7 @@ from concurrent.futures import Future
 from typing import Callable, Optional, Sequence
 
 from .backends.base import BackendError
+from .backends.cache_projection import CacheProjection
 from .backends.continuous_decoder import DecodeRequest
 from .backends.heap import DECODING_TRIM_AFTER_TOKENS, trim_after_batch
 from .backends.segments import mark_cut
@@ -131,9 +132,11 @@ class ContinuousScheduler:
         arrival order; stops at the first that does not fit, so long ones are not starved). Done calls' skipped.
         A sequence the cache cap has refused for max_new_tokens steps (others of a higher priority kept joining, so
         the batch never emptied for it) is starved: only its own queue, up to it, joins until it has joined."""
-        # the rows of done calls (cancelled, failed) leave before the next join: they hold no room
+        # the rows of done calls (cancelled, failed) leave before the next join: they hold no room, nor cache
         live = [r.request.tag[0] for r in self.decoder.rows if not r.request.tag[0].future.done()]
         joining, room = [], self.max_running_sequences - len(live)
+        projection = None if self.max_cached_tokens is None else self.decoder.projection(
+            keep=lambda request: not request.tag[0].future.done())
         cap = self.max_background_sequences
         background_room = None if cap is None else cap - sum(call.priority >= Priority.BACKGROUND for call in live)
         starved = self._starved()
@@ -144,9 +147,11 @@ class ContinuousScheduler:
                 background = priority >= Priority.BACKGROUND and background_room is not None
                 if room <= 0 or (background and background_room <= 0):
                     return joining
-                if not self._fits(joining + [request]):
+                if projection is not None and not self._fits(projection, request):
                     self._refused.setdefault(id(request), (request, self._steps))
                     return joining
+                if projection is not None:
+                    projection.join(request)
                 joining.append(request)
                 room -= 1
                 if background:
@@ -187,12 +192,13 @@ class ContinuousScheduler:
             return None
         return self._admit(admissible)
 
-    def _fits(self, joining: list[DecodeRequest]) -> bool:
-        if self.max_cached_tokens is None or (self.decoder.running == 0 and len(joining) == 1):
+    def _fits(self, projection: CacheProjection, request: DecodeRequest) -> bool:
+        """Whether `request` fits the cache cap beside the live rows and the joiners `projection` holds."""
+        if not projection.rows:
             return True  # a sequence alone always runs, whatever its size
         # joining every N steps, finished rows stay until the next rebuild and every row's columns grow up to N - 1
-        slack = (self.join_interval_steps - 1) * (self.decoder.running + len(joining))
-        return self.decoder.projected_tokens(joining) + slack <= self.max_cached_tokens
+        slack = (self.join_interval_steps - 1) * (projection.rows + 1)
+        return projection.tokens_if_joined(request) + slack <= self.max_cached_tokens
 
     def _work(self) -> None:
         try:

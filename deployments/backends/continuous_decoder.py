@@ -42,6 +42,7 @@ import torch
 from torch.nn import functional as F
 
 from .batch_cache import BatchCaches, length_groups
+from .cache_projection import CacheProjection
 from .generation_rules import UnsupportedModel, ban_, forced_choice, generation_rules, greedy_choice
 from .hf_loading import max_new_tokens_limit
 from .row_attention import RowSpans, use_row_attention
@@ -133,14 +134,17 @@ class ContinuousDecoder:
         return len(self._rows) * (self._self_columns() + self._cache.source_columns)
 
     def projected_tokens(self, joining: Sequence[DecodeRequest] = ()) -> int:
-        """The most token slots the caches can reach (padding included) if `joining` joins now: every
-        row runs to its max_new_tokens, no row leaves."""
-        rows = [r.request for r in self.rows] + list(joining)
-        if not rows:
-            return 0
-        longest_out = max(r.max_new_tokens + 1 for r in rows)
-        longest_in = max(len(r.input_ids) for r in rows)
-        return len(rows) * (longest_out + longest_in)
+        """Most token slots the caches can reach (padding included) if `joining` joins now and none leaves."""
+        return self.projection(joining=joining).tokens
+
+    def projection(self, keep: Callable[[DecodeRequest], bool] = lambda request: True, joining=()) -> CacheProjection:
+        """`projected_tokens`' bound over the running rows `keep` keeps, for joiners to be added one at a time."""
+        return CacheProjection.over([(self._join_column(r), r.request) for r in self.rows if keep(r.request)],
+                                    self._join_column(), joining)
+
+    def _join_column(self, row: Optional[_Row] = None) -> int:
+        """The column `row` started at in `cached_tokens`' layout (None: one joining now); 0: left-padded rows."""
+        return 0
 
     # ------------------------------------------------------------------ joining and leaving
 
@@ -172,8 +176,7 @@ class ContinuousDecoder:
         return dropped
 
     def warm_up(self, columns: int = 0, source: int = 0) -> int:
-        """Prepare for outputs of `columns` - 1 tokens and sources of `source` before the first request (the
-        slot engine's CUDA graphs; nothing here); returns how many graphs were captured."""
+        """Before the first request: ready for `columns` - 1 output tokens (SlotDecoder's graphs); graphs captured."""
         return 0
 
     def compact(self) -> None:

@@ -11,7 +11,8 @@ tensors whose shapes change only in coarse buckets, so a step is one graph repla
   column at the same index `col` for all rows; a row that joined at column s attends to columns s..col, a per-row mask
   hides the rest. Attention weights do not depend on a key's column (these models add absolute positions to the inputs),
   so this is the left-padded layout of `ContinuousDecoder` without the copies. When `col` reaches W the columns no live
-  row needs are shifted out (or W doubles); a step attends to the first C columns, C the power of two over col.
+  row needs are shifted out if they are W/8 or more, else W doubles; a step attends to the first C columns (C: the
+  power of two over col).
 * **cross-attention:** keys/values of every layer in one buffer (2, layers, rows, heads, S, head_dim); a step reads the
   first power-of-two columns over the longest live source.
 * **joins:** joiners are padded to a bucket (rows, and columns from 32: powers of two) in fixed buffers; their encoder
@@ -120,7 +121,8 @@ class SlotDecoder(ContinuousDecoder):
         rows x source); returns how many. Only while nothing decodes (it writes free rows' column 0)."""
         if self.running or not (self._graphs.enabled or self._join_graphs.enabled):
             return 0
-        have = (self._self_k.shape[3], self._cross.shape[4])  # columns in whole 64s; sources a power of two
+        # columns: 8/7 of the longest row's in whole 64s (a shift frees W/8: `_make_room`); sources: a power of two
+        have, columns = (self._self_k.shape[3], self._cross.shape[4]), -(-8 * columns // 7)
         if (want := (max(-(-columns // 64) * 64, have[0]), max(bucket(source, 1), have[1]))) != have:
             self._alloc(*want)
         before, rows, source = self.captures, self._rows_cap, self._cross.shape[4]
@@ -160,13 +162,10 @@ class SlotDecoder(ContinuousDecoder):
         first = min((self._col + 1 - len(r.ids) for r in self.rows), default=self._col)
         return self.running * (self._col - first + self._longest_source())
 
-    def projected_tokens(self, joining: Sequence[DecodeRequest] = ()) -> int:
-        """ContinuousDecoder's bound in `cached_tokens`' layout: the rows share the column `_col`, so a row's
-        columns run from the one it joined at (now, for `joining`), counted from the earliest live row's."""
-        rows = [(self._col + 1 - len(r.ids), r.request) for r in self.rows] + [(self._col, r) for r in joining]
-        first = min((start for start, _ in rows), default=0)
-        return len(rows) * (max(start - first + r.max_new_tokens + 1 for start, r in rows)
-                            + max(len(r.input_ids) for _, r in rows)) if rows else 0
+    def _join_column(self, row: Optional[_Row] = None) -> int:
+        """The rows share the column `_col`: a row's columns run from the one it joined at (for `projected_tokens`,
+        counted from the earliest live row's)."""
+        return self._col if row is None else self._col + 1 - len(row.ids)
 
     @torch.inference_mode()
     def join(self, requests: Sequence[DecodeRequest]) -> None:
@@ -213,13 +212,14 @@ class SlotDecoder(ContinuousDecoder):
             self._col = 0
 
     def _make_room(self) -> None:
-        """Before a step writes column `col`: shift out the columns no live row attends, or widen."""
+        """Before a step writes column `col`: shift out the columns no live row attends if that frees an eighth of
+        them or more, else widen (a shift copies the self caches: with rows as long as the buffer, one a step)."""
         width = self._self_k.shape[3]
         if self._col < width:
             return
         starts = self._state[:, _START].tolist()
         shift = min(starts[i] for i, row in enumerate(self._slot_rows) if row is not None)
-        if shift > 0:
+        if 8 * shift >= width:
             keep = width - shift
             self._self_k[..., :keep, :] = self._self_k[..., shift:, :].clone()
             self._self_v[..., :keep, :] = self._self_v[..., shift:, :].clone()

@@ -54,8 +54,8 @@ def test_a_failing_drop_of_cancelled_rows_fails_the_batch_and_decoding_goes_on(s
 def test_an_error_outside_a_step_fails_every_caller_and_refuses_new_calls(scheduler_for):
     steps = Steps()
     scheduler, _ = scheduler_for(on_step=steps, max_cached_tokens=10**6)
-    scheduler.decoder.projected_tokens = _no_memory  # raised while admitting, before any step
-    with scheduler._cond:  # both wait together: the first is taken to join, then the second's fit fails
+    scheduler.decoder.projection = _no_memory  # raised while admitting, before any step
+    with scheduler._cond:  # both wait together: the admission that would take them fails
         taken = scheduler.submit(["Hello."], "en", "de")
         left = scheduler.submit(["Where is the train station?", "a"], "en", "de")
     for future in (taken, left):
@@ -150,7 +150,7 @@ def test_iterations_that_step_no_sentence_do_not_count_as_model_successes(contin
 def test_a_stopped_decoding_thread_fails_the_health_check_at_once(continuous_translator, loop):
     replica = continuous_translator
     scheduler = replica._continuous.scheduler
-    scheduler.max_cached_tokens, scheduler.decoder.projected_tokens = 10**6, _no_memory
+    scheduler.max_cached_tokens, scheduler.decoder.projection = 10**6, _no_memory
     replica.check_health()
     assert "continuous decoding stopped" in str(_translate_fails(replica, loop, ["Hello.", "a"]))
     _until(loop, lambda: replica.health.failures_in_a_row > 1)
