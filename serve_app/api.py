@@ -29,7 +29,8 @@ from .service import Computed, Service
 from .settings import IngressSettings
 
 #: response header: records in the largest model batch this request's records rode in
-#: (0 when none was computed: every record came from the response cache)
+#: (0 when none was computed: every record came from the response cache); only while the service has
+#: one tenant (keys off, or one key): with several it would tell one key how much the others send
 BATCH_HEADER = "X-Batch-Records"
 
 #: response header: `hit` (every text answered from the response cache), `miss` or `partial`;
@@ -42,8 +43,13 @@ _CACHE_CONTROL_DESCRIPTION = (
 )
 
 
+def _set_batch_header(response: Response, records: int) -> None:
+    if len(auth.configured_keys(current_limits()).entries) <= 1:
+        response.headers[BATCH_HEADER] = str(records)
+
+
 def _set_computed_headers(response: Response, computed: Computed) -> None:
-    response.headers[BATCH_HEADER] = str(computed.batch_records)
+    _set_batch_header(response, computed.batch_records)
     if computed.cache is not None:
         response.headers[CACHE_HEADER] = computed.cache
 
@@ -189,7 +195,7 @@ def create_app() -> FastAPI:
         the model's `Input` schema (listed in /v1/models); outputs keep the inputs' order."""
         request.scope[RECORDS_SCOPE_KEY] = len(body.inputs)
         result, batch = await service.predict(name, body.inputs, timeout_s=_deadline_s(timeout_ms))
-        response.headers[BATCH_HEADER] = str(batch)
+        _set_batch_header(response, batch)
         return result
 
     @app.post("/jobs", status_code=202, response_model=JobResponse, responses=JOB_SUBMIT_RESPONSES)

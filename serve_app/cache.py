@@ -20,6 +20,11 @@ so each API key has its own entries: one key can neither read another's cached t
 from `X-Cache: hit` or latency, that another key sent a text. The same text sent with two keys is
 computed and stored twice. With keys off the id is None: one shared space.
 
+Tenants share the bounds fairly: when a store goes past `max_entries` or `max_bytes`, the entry evicted is
+the least recently used of all, unless the storing tenant holds more than its share (the bounds divided by
+the tenants holding entries), in which case it is that tenant's own least recently used. One key sending
+endless distinct texts then cycles through its own share and never evicts another key's entries.
+
 Not thread-safe: the ingress calls it from its one event loop, without awaiting in between.
 """
 
@@ -39,10 +44,11 @@ from .settings import CacheSettings
 
 logger = logging.getLogger("serve_app")
 
-#: bytes one entry costs beyond its text's and value's own objects: its OrderedDict slot (hash
-#: table entry and linked-list node) and the (expires_at, size, value) record. Measured with
-#: tracemalloc on CPython 3.11: 180-220 bytes (tests/unit/test_cache.py keeps the estimate honest).
-ENTRY_OVERHEAD_BYTES = 200
+#: bytes one entry costs beyond its text's and value's own objects: its slots in two OrderedDicts (the
+#: LRU's and its tenant's: hash table entries and linked-list nodes) and the (expires_at, size, value,
+#: tenant) record. Measured with tracemalloc on CPython 3.11: 270-280 bytes (tests/unit/test_cache.py
+#: keeps the estimate honest).
+ENTRY_OVERHEAD_BYTES = 275
 
 
 def entry_bytes(key: Hashable, value: Any) -> int:
@@ -105,9 +111,12 @@ class ResponseCache:
         self.ttl_s = ttl_s
         self._clock = clock
         self._observer = observer
-        #: key -> (expires_at, size in bytes, value), least recently used first
-        self._entries: OrderedDict[Hashable, tuple[float, int, Any]] = OrderedDict()
+        #: key -> (expires_at, size in bytes, value, tenant), least recently used first
+        self._entries: OrderedDict[Hashable, tuple[float, int, Any, Optional[str]]] = OrderedDict()
         self.bytes = 0
+        #: tenant -> its keys, least recently used first; tenant -> the bytes of its entries
+        self._tenants: dict[Optional[str], OrderedDict[Hashable, None]] = {}
+        self._tenant_bytes: Counter = Counter()
         #: in-process tallies (tests and logs read them; the observer exports them)
         self.hits: Counter = Counter()        # task -> lookups answered
         self.misses: Counter = Counter()      # task -> lookups not answered
@@ -141,30 +150,35 @@ class ResponseCache:
             self._drop(key, "expired")
             return None
         self._entries.move_to_end(key)
+        self._tenants[entry[3]].move_to_end(key)
         return entry[2]
 
-    def put(self, key: Hashable, value: Any) -> bool:
-        """Store `value` (never None) under `key`, evicting least recently used entries to
-        stay within both bounds. False when the entry alone exceeds `max_bytes` (not stored)."""
+    def put(self, key: Hashable, value: Any, tenant: Optional[str] = None) -> bool:
+        """Store `value` (never None) under `key` for `tenant`, evicting least recently used entries to stay
+        within both bounds (the tenant's own if it holds more than its share). False when the entry alone
+        exceeds `max_bytes` (not stored)."""
         if value is None:
             raise ValueError("None cannot be cached: it means 'not found'")
         size = entry_bytes(key, value)
-        old = self._entries.pop(key, None)
-        if old is not None:
-            self.bytes -= old[1]
+        if key in self._entries:
+            self._drop(key, None)
         if size > self.max_bytes:
             self.evictions["too_large"] += 1
             return False
         now = self._clock()
         self._drop_expired_head(now)
-        self._entries[key] = (now + self.ttl_s, size, value)
+        self._entries[key] = (now + self.ttl_s, size, value, tenant)
+        self._tenants.setdefault(tenant, OrderedDict())[key] = None
         self.bytes += size
+        self._tenant_bytes[tenant] += size
         while len(self._entries) > self.max_entries or self.bytes > self.max_bytes:
-            self._drop(next(iter(self._entries)), "capacity")
+            self._drop(self._victim(tenant, key), "capacity")
         return True
 
     def clear(self) -> None:
         self._entries.clear()
+        self._tenants.clear()
+        self._tenant_bytes.clear()
         self.bytes = 0
         self._report_size()
 
@@ -190,24 +204,41 @@ class ResponseCache:
         before = Counter(self.evictions)
         tenant = REQUEST_KEY_ID.get()
         for key, value in items:
-            self.put(tenant_key(tenant, key), value)
+            self.put(tenant_key(tenant, key), value, tenant)
         self._report_evictions(before)
 
     def stats(self) -> dict[str, Any]:
         return {"entries": len(self._entries), "bytes": self.bytes, "max_entries": self.max_entries,
                 "max_bytes": self.max_bytes, "ttl_s": self.ttl_s, "hits": dict(self.hits),
-                "misses": dict(self.misses), "evictions": dict(self.evictions)}
+                "misses": dict(self.misses), "evictions": dict(self.evictions), "tenants": len(self._tenants)}
 
     # -- internals --------------------------------------------------------------------------
-    def _drop(self, key: Hashable, reason: str) -> None:
-        _, size, _ = self._entries.pop(key)
+    def _victim(self, tenant: Optional[str], stored: Hashable) -> Hashable:
+        """The entry a store by `tenant` (of `stored`) evicts: the least recently used of all, or the tenant's own
+        while it holds more than its share of either bound (not `stored` itself: then it is the cache's only)."""
+        own, share = self._tenants[tenant], len(self._tenants)
+        if (len(own) * share > self.max_entries or self._tenant_bytes[tenant] * share > self.max_bytes) and (
+                oldest := next(iter(own))) is not stored:
+            return oldest
+        return next(iter(self._entries))
+
+    def _drop(self, key: Hashable, reason: Optional[str]) -> None:
+        """Remove `key`'s entry; counted as an eviction for `reason` (None: replaced)."""
+        _, size, _, tenant = self._entries.pop(key)
         self.bytes -= size
-        self.evictions[reason] += 1
+        own = self._tenants[tenant]
+        del own[key]
+        if own:
+            self._tenant_bytes[tenant] -= size
+        else:
+            del self._tenants[tenant], self._tenant_bytes[tenant]
+        if reason is not None:
+            self.evictions[reason] += 1
 
     def _drop_expired_head(self, now: float) -> None:
         """Drop expired entries from the cold end (amortised O(1): each entry is dropped once)."""
         while self._entries:
-            key, (expires_at, _, _) = next(iter(self._entries.items()))
+            key, (expires_at, *_) = next(iter(self._entries.items()))
             if expires_at > now:
                 return
             self._drop(key, "expired")
@@ -229,52 +260,6 @@ class ResponseCache:
             report(*args)
         except Exception:  # pragma: no cover - metrics must never break a request
             logger.exception("could not report cache metrics")
-
-
-class CacheMetrics:
-    """The cache's Prometheus metrics, through `ray.serve.metrics` (Serve adds the deployment
-    and replica tags, so each ingress replica's cache is its own series). Build it only inside
-    a Serve replica: `CacheMetrics.in_serve()` returns None elsewhere (unit tests)."""
-
-    def __init__(self) -> None:
-        from ray.serve.metrics import Counter as RayCounter, Gauge
-
-        self._hits = RayCounter("serve_app_cache_hits_total", tag_keys=("task",),
-                                description="Texts (records or embedding inputs) answered from the response cache.")
-        self._misses = RayCounter("serve_app_cache_misses_total", tag_keys=("task",),
-                                  description="Texts looked up in the response cache and not found (computed).")
-        self._evictions = RayCounter(
-            "serve_app_cache_evictions_total", tag_keys=("reason",),
-            description="Entries removed from the response cache: capacity (entry or byte bound), "
-            "expired (past ttl_s), too_large (one entry over max_bytes, never stored).")
-        self._entries = Gauge("serve_app_cache_entries", description="Entries in this ingress replica's cache.")
-        self._bytes = Gauge("serve_app_cache_bytes",
-                            description="Estimated bytes held by this ingress replica's cache.")
-
-    @classmethod
-    def in_serve(cls) -> Optional["CacheMetrics"]:
-        try:
-            import ray
-            from ray.serve import context
-
-            if ray.is_initialized() and context._get_internal_replica_context() is not None:
-                return cls()
-        except Exception:  # pragma: no cover - metrics must never stop the ingress
-            logger.exception("cache metrics unavailable")
-        return None
-
-    def looked_up(self, task: str, hits: int, misses: int) -> None:
-        if hits:
-            self._hits.inc(hits, tags={"task": task})
-        if misses:
-            self._misses.inc(misses, tags={"task": task})
-
-    def evicted(self, reason: str, count: int) -> None:
-        self._evictions.inc(count, tags={"reason": reason})
-
-    def size(self, entries: int, size_bytes: int) -> None:
-        self._entries.set(entries)
-        self._bytes.set(size_bytes)
 
 
 def storable(value: Any) -> Any:

@@ -15,7 +15,8 @@ from deployments.health import ReplicaHealth
 
 from . import auth, drain_signal, middleware
 from .api import app, set_service
-from .cache import CacheMetrics, ResponseCache
+from .cache import ResponseCache
+from .cache_metrics import CacheMetrics
 from .model_clients import INGRESS_DEPLOYMENT
 from .placement import Handle, PlacedModels, handle_client, model_clients
 from .service import Service

@@ -328,7 +328,7 @@ def test_cached_vectors_are_their_own_read_only_float32_arrays(client):
     cache = make_cache()
     install(cache)
     client.post("/embeddings", json={"input": ["a", "bb"]})
-    vectors = [value[0] for _, _, value in cache._entries.values()]
+    vectors = [value[0] for _, _, value, _ in cache._entries.values()]
     assert all(v.dtype == np.float32 and v.base is None and not v.flags.writeable for v in vectors)
 
 

@@ -75,6 +75,59 @@ def test_with_keys_off_the_cache_is_one_space(app_client):
     assert len(translator.calls) == 1
 
 
+def test_a_key_flooding_the_cache_evicts_only_its_own_entries_past_its_share():
+    """One LRU for all keys: a key sending endless distinct texts evicted every other key's entries. Past its share
+    (the bounds divided by the keys holding entries) a key now evicts its own least recently used."""
+    cache = ResponseCache(max_entries=10, max_bytes=10**9, ttl_s=60)
+    for i in range(4):
+        cache.put(("b", i), f"b{i}", "B")
+    for i in range(1000):
+        cache.put(("a", i), f"a{i}", "A")
+    assert [cache.get(("b", i)) for i in range(4)] == ["b0", "b1", "b2", "b3"]
+    assert len(cache) == 10 and sum(("a", i) in cache for i in range(994, 1000)) == 6
+    assert cache.evictions["capacity"] == 994 and cache.stats()["tenants"] == 2
+    for i in range(10):  # under its share (5 of 10), B evicts the least recently used of all: A's
+        cache.put(("b", 10 + i), f"b{10 + i}", "B")
+    assert sum(key[0] == "b" for key in cache._entries) == 5  # then its own: both at their share
+    cache.put(("c", 0), "c0", "C")  # a third key: the shares shrink, A and B give way to it
+    cache.put(("c", 1), "c1", "C")
+    assert cache.get(("c", 0)) == "c0" and cache.get(("c", 1)) == "c1" and len(cache) == 10
+
+
+def test_the_byte_bound_is_shared_the_same_way():
+    cache = ResponseCache(max_entries=10**6, max_bytes=20_000, ttl_s=60)
+    cache.put("small", "x", "B")
+    for i in range(200):
+        cache.put(f"a{i}", "a" * 1000, "A")
+        assert cache.bytes <= 20_000
+    assert cache.get("small") == "x"
+
+
+def test_keys_flooding_over_http_keep_another_key_s_entries(app_client):
+    """Through the service: the cache keeps B's text while A sends 50 distinct ones into a 10-entry cache."""
+    translator, _ = serve(api_keys=f"{KEY_A},{KEY_B}")
+    from serve_app import api
+
+    api._service.cache = ResponseCache(max_entries=10, max_bytes=10**9, ttl_s=60)
+    b = {"X-API-Key": KEY_B}
+    assert app_client.post("/translation", json=body("kept"), headers=b).headers["X-Cache"] == "miss"
+    for i in range(50):
+        app_client.post("/translation", json=body(f"flood {i}"), headers={"X-API-Key": KEY_A})
+    assert app_client.post("/translation", json=body("kept"), headers=b).headers["X-Cache"] == "hit"
+
+
+@pytest.mark.parametrize("keys, shown", [(None, True), (KEY_A, True), (f"{KEY_A},{KEY_B}", False)])
+def test_batch_sizes_are_shown_only_to_a_single_tenant(app_client, keys, shown):
+    """X-Batch-Records counts the other requests' records in the same model call: with several keys it told one key
+    how much the others were sending. It is left out then; with keys off or one key it stays."""
+    serve(**({"api_keys": keys} if keys else {}))
+    headers = {"X-API-Key": KEY_A} if keys else {}
+    for path, payload in (("/translation", body("hello")),
+                          ("/embeddings", {"input": ["hello"], "model": "all-MiniLM-L6-v2"})):
+        response = app_client.post(path, json=payload, headers=headers)
+        assert response.status_code == 200 and ("X-Batch-Records" in response.headers) is shown, response.headers
+
+
 def test_tenant_key_keeps_the_text_last():
     assert tenant_key(None, ("t", "m", "hello")) == ("t", "m", "hello")
     assert tenant_key("abc", ("t", "m", "hello")) == ("abc", "t", "m", "hello")
