@@ -38,8 +38,10 @@ def test_a_live_launchers_record_is_read_back_under_its_port(records, monkeypatc
     # A second launcher on the same port (it will fail to bind) leaves the first one's record alone.
     # a live launcher, to the test: the marker in its own arguments (sys.executable need not spell the path the
     # way this process's first word does: a CI run took it for no launcher and replaced the record)
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", status.LAUNCHER_MODULE])
-    try:
+    other = subprocess.Popen([sys.executable, "-c", "import time; print(flush=True); time.sleep(30)",
+                              status.LAUNCHER_MODULE], stdout=subprocess.PIPE)
+    try:  # Popen returns once the child has exec'd, which can be before the kernel has set its /proc cmdline (here
+        other.stdout.readline()  # it read empty, under load): the child's first output comes after that
         path.write_text(json.dumps({**json.loads(path.read_text()), "pid": other.pid}))
         assert status.write_record(9527, "127.0.0.1:7000") is None
         assert status.read_record(9527)["gcs_address"] == "127.0.0.1:6379"
