@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import threading
 import time
 from concurrent.futures import Future
 from typing import Any, Callable, Optional
@@ -54,6 +55,42 @@ def threads_for_share(share: float, override: Optional[int] = None) -> int:
 
 
 SERVE_REFUSED_ITEM = "Size of item is greater than max_batch_size"  # Serve 2.60's refusal (ray/serve/batching.py)
+
+
+#: how long `reconfigure` (on Serve's worker thread) waits for a busy loop to apply a deploy's knobs
+RECONFIGURE_TIMEOUT_S = 60.0
+
+
+class _PendingApply:
+    """A deploy's knobs to apply on the replica's loop, or never: once its waiter has given up (and Serve reported the
+    deploy failed), a loop that frees up later must not apply them after all."""
+
+    def __init__(self, apply: Callable[[], None]):
+        self._apply, self._lock, self._state = apply, threading.Lock(), "pending"
+        self._done = threading.Event()
+
+    async def run(self) -> None:
+        with self._lock:
+            if self._state != "pending":
+                return
+            try:
+                self._apply()
+                self._state = "applied"
+            except BaseException as exc:  # noqa: BLE001 - the waiter raises it
+                self._state = exc
+            finally:
+                self._done.set()
+
+    def wait(self, timeout_s: float) -> None:
+        """Until applied (raising what applying raised), or TimeoutError, after which it is never applied."""
+        self._done.wait(timeout_s)
+        with self._lock:
+            if self._state == "pending":
+                self._state = "abandoned"
+                raise TimeoutError(f"the replica's event loop did not apply the new batch config within "
+                                   f"{timeout_s:g} s (it is busy): not applied")
+            if isinstance(self._state, BaseException):
+                raise self._state
 
 
 class ModelReplica:
@@ -157,11 +194,10 @@ class ModelReplica:
         if loop is None or not loop.is_running() or _running_loop() is loop:
             self._apply_batch_config(batch_config)
         else:  # waits at most as long as Serve's own reconfigure timeout would let it
-            asyncio.run_coroutine_threadsafe(self._apply_on_loop(batch_config), loop).result(timeout=60)
+            pending = _PendingApply(lambda: self._apply_batch_config(batch_config))
+            asyncio.run_coroutine_threadsafe(pending.run(), loop)
+            pending.wait(RECONFIGURE_TIMEOUT_S)
         logger.info("%s batch config: %s", self.deployment_name, batch_config.model_dump())
-
-    async def _apply_on_loop(self, batch_config: BatchConfig) -> None:
-        self._apply_batch_config(batch_config)
 
     def _enqueue(self, items: list[Any], compute: Compute, priority: Priority = Priority.INTERACTIVE) -> list[Future]:
         """The body of a `@serve.batch` intake method: hand each call to the model queue, which

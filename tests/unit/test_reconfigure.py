@@ -82,3 +82,24 @@ def test_a_serve_deploy_while_the_first_call_waits_in_serve_s_queue_applies_on_t
     replica.reconfigure({"max_batch_size": 8, "batch_wait_timeout_s": 0.0, "skip_batch_wait_when_alone": False})
     assert applied_on == [loop_thread]
     assert first.result(30)[0] == ["pt:t"]
+
+
+def test_a_deploy_the_busy_loop_did_not_apply_in_time_is_never_applied(monkeypatch, running_loop):
+    """`reconfigure` gave up after 60 s and Serve reported the deploy failed, but the knobs stayed queued on the loop:
+    once it freed up they were applied after all, a config nobody deployed any more. Now they never are."""
+    loop, _ = running_loop
+    monkeypatch.setattr("deployments.translator.load_translation_backend", lambda settings, threads: WordBackend())
+    monkeypatch.setattr("deployments.replica.RECONFIGURE_TIMEOUT_S", 0.2)
+    replica = Translator.func_or_class(TranslationSettings().model_dump())
+    replica.reconfigure({"max_batch_size": 8, "batch_wait_timeout_s": 0.0})
+    asyncio.run_coroutine_threadsafe(replica.translate(Chunk("en", "pt", ["t"])), loop).result(30)  # the loop known
+    busy, release = threading.Event(), threading.Event()
+    loop.call_soon_threadsafe(lambda: (busy.set(), release.wait(30)))  # a stuck callback holds the loop
+    assert busy.wait(10)
+    with pytest.raises(TimeoutError, match="not applied"):
+        replica.reconfigure({"max_batch_size": 16, "batch_wait_timeout_s": 0.0})
+    release.set()
+    asyncio.run_coroutine_threadsafe(asyncio.sleep(0), loop).result(10)  # the loop has run what it had queued
+    assert replica.batch_config.max_batch_size == 8 and _queue_size(replica._translate_batch) == 8
+    replica.reconfigure({"max_batch_size": 16, "batch_wait_timeout_s": 0.0})  # a free loop applies the next one
+    assert replica.batch_config.max_batch_size == 16
