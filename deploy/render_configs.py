@@ -106,8 +106,27 @@ LOCAL_FILES = {"serve_config.yaml": "cpu", "serve_config.gpu.yaml": "gpu", "serv
 _SERVE_CONFIG_KEY = re.compile(r"^(?P<indent> *)serveConfigV2: \|[-+]?\s*$")
 
 
+def reserved_at_minimum(config: dict[str, Any]) -> tuple[float, float]:
+    """(CPUs, GPUs) the replicas of `config` (a plain Serve config) reserve at their minimum replica counts (a
+    deployment without num_replicas or autoscaling runs 1; without num_cpus, Serve's default of 1)."""
+    cpus = gpus = 0.0
+    for app in config["applications"]:
+        for deployment in app.get("deployments", []):
+            autoscaling = deployment.get("autoscaling_config") or {}
+            replicas = deployment.get("num_replicas", "auto")
+            replicas = autoscaling.get("min_replicas", 1) if replicas == "auto" else replicas
+            options = deployment.get("ray_actor_options") or {}
+            cpus += replicas * options.get("num_cpus", 1)
+            gpus += replicas * options.get("num_gpus", 0)
+    return round(cpus, 3), round(gpus, 3)
+
+
 def render_local(profile: str) -> str:
-    return _LOCAL_HEADERS[profile] + "\n" + to_yaml(annotated_config(profile, "local"))
+    config = annotated_config(profile, "local")
+    cpus, gpus = reserved_at_minimum(plain(config))
+    reserved = (f"# Reserved by the replicas at their minimum counts: {cpus:g} CPU" + (f", {gpus:g} GPU" if gpus else "")
+                + " (a replica Ray cannot place waits, pending).\n")
+    return _LOCAL_HEADERS[profile] + reserved + "\n" + to_yaml(config)
 
 
 def render_serve_config_v2(profile: str) -> str:

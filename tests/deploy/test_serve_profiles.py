@@ -242,3 +242,16 @@ def test_every_model_of_the_base_is_placed_in_the_profile_make_run_serves():
     assert [(m["name"], m["placement"]) for m in placed] == [("iris", "ingress"), ("mine", "ingress")]
     served = sp.plain(sp.CPU_PLACED_PROFILE)["args"]["models"]
     assert served == sp.plain({"models": sp.placed_models(sp.BASE_ARGS["models"])})["models"]
+
+
+def test_each_local_config_says_what_its_replicas_reserve_at_their_minimum_counts():
+    """The gpu profile ("one GPU workstation") needs 7.1 CPUs at its minimum replica counts: a smaller machine leaves
+    replicas pending. Each local config's header says so, computed from the config itself."""
+    from deploy.render_configs import reserved_at_minimum
+
+    assert reserved_at_minimum({"applications": [{"deployments": [
+        {"name": "a", "num_replicas": 2, "ray_actor_options": {"num_cpus": 0.5, "num_gpus": 0.25}},
+        {"name": "b", "autoscaling_config": {"min_replicas": 3}},  # Serve's default: 1 CPU each
+        {"name": "c"}]}]}) == (5.0, 0.5)
+    header = (ROOT / "serve_config.gpu.yaml").read_text().split("\n\n", 1)[0]
+    assert "Reserved by the replicas at their minimum counts: 7.1 CPU, 1 GPU" in header
