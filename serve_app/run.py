@@ -89,8 +89,20 @@ def _app_names(config_path: str) -> list[str]:
         return []  # `serve run` reports the config itself
 
 
+def env_flag(name: str) -> bool:
+    """A yes/no environment variable, read as pydantic reads the settings' booleans; anything else is an error."""
+    value = os.environ.get(name, "").strip().lower()
+    if value not in ("1", "true", "yes", "on", "0", "false", "no", "off", ""):
+        raise ValueError(f"{name}={os.environ[name]!r} is neither yes (1, true, yes, on) nor no (0, false, no, off)")
+    return value in ("1", "true", "yes", "on")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    try:
+        dashboard, replace = env_flag("SERVE_APP_RAY_DASHBOARD"), env_flag("SERVE_APP_REPLACE")
+    except ValueError as exc:
+        parser.error(str(exc))
     parser.add_argument("config", help="Serve config YAML (as for `serve run`)")
     parser.add_argument("--drain-timeout-s", type=float, default=os.environ.get("SERVE_APP_DRAIN_TIMEOUT_S", "30"),
                         help="longest wait for admitted requests on stop (env SERVE_APP_DRAIN_TIMEOUT_S)")
@@ -98,8 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     # the first answer 0.9-2.9 s sooner (docs/benchmarks/launcher-run). `make status` reads Serve's view
     # through Ray instead (serve_app/status.py). The node agent (metrics export) runs either way.
     parser.add_argument("--dashboard", action=argparse.BooleanOptionalAction,
-                        default=os.environ.get("SERVE_APP_RAY_DASHBOARD", "0").strip().lower()
-                        not in ("0", "false", "no", "off", ""),
+                        default=dashboard,
                         help="also start Ray's dashboard (env SERVE_APP_RAY_DASHBOARD=1): its web views and "
                              "`serve status`, for 11 more processes, ~200 MB and 1-3 s of start")
     parser.add_argument("--proxy", choices=PROXY_CHOICES, default=os.environ.get("SERVE_APP_PROXY", "auto"),
@@ -111,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
                              "instance of its own; host:port joins that cluster. Never the cluster that the "
                              "machine's last `ray start` recorded (/tmp/ray/ray_current_cluster) by accident")
     parser.add_argument("--replace", action=argparse.BooleanOptionalAction,
-                        default=os.environ.get("SERVE_APP_REPLACE", "0").strip().lower() in ("1", "true", "yes"),
+                        default=replace,
                         help="on a joined cluster, replace applications of the config's names (env SERVE_APP_REPLACE)")
     ns = parser.parse_args(argv)
     if ns.address == "auto":  # ray.init's "auto" is that record, dead or alive (issue 30)

@@ -22,6 +22,19 @@ def test_the_dashboard_switch_reads_its_variable_as_people_write_it(monkeypatch,
     assert seen["dashboard"] is on
 
 
+@pytest.mark.parametrize("name", ["SERVE_APP_RAY_DASHBOARD", "SERVE_APP_REPLACE"])
+def test_both_switches_read_yes_and_no_alike_and_refuse_anything_else(monkeypatch, capsys, name):
+    """Two readings: SERVE_APP_REPLACE=on was no, and SERVE_APP_RAY_DASHBOARD=ture was yes, silently."""
+    import serve_app.run as run
+
+    monkeypatch.setenv(name, "on")
+    assert run.env_flag(name) is True
+    monkeypatch.setenv(name, "ture")
+    with pytest.raises(SystemExit) as exited:
+        run.main(["serve_config.yaml"])
+    assert exited.value.code == 2 and f"{name}='ture'" in capsys.readouterr().err
+
+
 def test_a_bad_drain_timeout_is_a_usage_error_naming_the_option(monkeypatch, capsys):
     import serve_app.run as run
 
