@@ -6,8 +6,8 @@ a restarted replica starts empty. Keys are tuples whose first element is the tas
 text)`; values are whatever the service stores (a translated string; an embedding vector
 and its token count).
 
-Every operation is O(1) (an `OrderedDict` in least-recently-used order; a hit moves the
-entry to the end). An entry expires `ttl_s` after it was stored (a hit does not extend it);
+Every operation is O(1) (an `OrderedDict` in least-recently-used order, and one per tenant; a hit
+moves the entry to the end of both), but an eviction, O(tenants). An entry expires `ttl_s` after it was stored (a hit does not extend it);
 expired entries are dropped when looked up, and from the cold end whenever something is
 stored. Sizes are estimated per entry with `sys.getsizeof` of the key's text and the
 value's parts (a string's size grows with its length, a NumPy array's with its `nbytes`)
@@ -21,9 +21,9 @@ from `X-Cache: hit` or latency, that another key sent a text. The same text sent
 computed and stored twice. With keys off the id is None: one shared space.
 
 Tenants share the bounds fairly: when a store goes past `max_entries` or `max_bytes`, the entry evicted is
-the least recently used of all, unless the storing tenant holds more than its share (the bounds divided by
-the tenants holding entries), in which case it is that tenant's own least recently used. One key sending
-endless distinct texts then cycles through its own share and never evicts another key's entries.
+the storing tenant's own least recently used if it holds more than its share (the bounds divided by the
+tenants holding entries), else that of the tenant furthest over its share. One key sending endless distinct
+texts then holds its share, cycling through it, and another key keeps what it stores up to its own share.
 
 Not thread-safe: the ingress calls it from its one event loop, without awaiting in between.
 """
@@ -214,13 +214,16 @@ class ResponseCache:
 
     # -- internals --------------------------------------------------------------------------
     def _victim(self, tenant: Optional[str], stored: Hashable) -> Hashable:
-        """The entry a store by `tenant` (of `stored`) evicts: the least recently used of all, or the tenant's own
-        while it holds more than its share of either bound (not `stored` itself: then it is the cache's only)."""
-        own, share = self._tenants[tenant], len(self._tenants)
-        if (len(own) * share > self.max_entries or self._tenant_bytes[tenant] * share > self.max_bytes) and (
-                oldest := next(iter(own))) is not stored:
-            return oldest
-        return next(iter(self._entries))
+        """The entry a store by `tenant` (of `stored`) evicts: the tenant's own least recently used while it holds more
+        than its share of either bound, else that of the tenant furthest over its share (past a bound, one is). Not
+        `stored` itself: then it is the cache's only entry. O(tenants)."""
+        count = len(self._tenants)
+
+        def over(owner: Optional[str]) -> float:  # its part of the fuller bound, in shares: over 1, over its share
+            return max(len(self._tenants[owner]) / self.max_entries, self._tenant_bytes[owner] / self.max_bytes) * count
+        owner = tenant if over(tenant) > 1 else max(self._tenants, key=over)
+        oldest = next(iter(self._tenants[owner]))
+        return oldest if oldest is not stored else next(iter(self._entries))
 
     def _drop(self, key: Hashable, reason: Optional[str]) -> None:
         """Remove `key`'s entry; counted as an eviction for `reason` (None: replaced)."""

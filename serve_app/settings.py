@@ -209,8 +209,8 @@ class CacheSettings(Section):
     max_entries: int = Field(
         100_000, ge=1,
         description="Most entries (one per translated record or embedded text) one ingress replica keeps; "
-        "past it the least recently used are evicted (an API key's own while it holds more than its share: "
-        "this bound and max_bytes divided by the keys holding entries).",
+        "past it the least recently used are evicted: an API key's own while it holds more than its share (this "
+        "bound and max_bytes divided by the keys holding entries), else those of the key furthest over its share.",
     )
     max_bytes: int = Field(
         128 * 1024 * 1024, ge=4096,

@@ -94,6 +94,25 @@ def test_a_key_flooding_the_cache_evicts_only_its_own_entries_past_its_share():
     assert cache.get(("c", 0)) == "c0" and cache.get(("c", 1)) == "c1" and len(cache) == 10
 
 
+def test_a_key_reading_its_texts_while_another_floods_keeps_them():
+    """Interleaved: B reads its 30 texts (storing the missing ones) while A stores a new text at every step. When an
+    under-share store evicted the least recently used of all, that was B's own (A's were always recent): B's hit
+    rate was 0 with A at 66-95 of 100 entries. The victim is now the entry of whoever is over its share: A's."""
+    cache = ResponseCache(max_entries=100, max_bytes=10**9, ttl_s=60)
+    hits = reads = 0
+    for step in range(3000):
+        cache.put(("a", step), "x", "A")
+        if step % 5 == 0:
+            text = ("b", step // 5 % 30)
+            reads += step >= 1000
+            if cache.get(text) is not None:
+                hits += step >= 1000
+            else:
+                cache.put(text, "y", "B")
+    assert hits == reads > 0  # once B has stored its 30, each is read back
+    assert sum(key[0] == "a" for key in cache._entries) == 70  # A holds the rest, cycling through it
+
+
 def test_the_byte_bound_is_shared_the_same_way():
     cache = ResponseCache(max_entries=10**6, max_bytes=20_000, ttl_s=60)
     cache.put("small", "x", "B")
