@@ -135,8 +135,7 @@ class ContinuousScheduler:
         # the rows of done calls (cancelled, failed) leave before the next join: they hold no room, nor cache
         live = [r.request.tag[0] for r in self.decoder.rows if not r.request.tag[0].future.done()]
         joining, room = [], self.max_running_sequences - len(live)
-        projection = None if self.max_cached_tokens is None else self.decoder.projection(
-            keep=lambda request: not request.tag[0].future.done())
+        projection = None  # the cache bound over the live rows, built at the first sequence weighed (if capped)
         cap = self.max_background_sequences
         background_room = None if cap is None else cap - sum(call.priority >= Priority.BACKGROUND for call in live)
         starved = self._starved()
@@ -147,6 +146,8 @@ class ContinuousScheduler:
                 background = priority >= Priority.BACKGROUND and background_room is not None
                 if room <= 0 or (background and background_room <= 0):
                     return joining
+                if projection is None and self.max_cached_tokens is not None:
+                    projection = self.decoder.projection(keep=lambda r: not r.tag[0].future.done())
                 if projection is not None and not self._fits(projection, request):
                     self._refused.setdefault(id(request), (request, self._steps))
                     return joining

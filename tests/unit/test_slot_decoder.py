@@ -19,7 +19,7 @@ from .test_transformers_backend import TEXTS
 @pytest.mark.parametrize("seed", [12, 13])
 def test_slots_shift_and_widen_their_caches_without_changing_outputs(case, monkeypatch, seed):
     """Small first buffers: the caches widen when a row needs more (or when shifting out the columns no live row
-    needs would free under a quarter of them: shifts are tested below), sources longer than the buffer widen it; the
+    needs would free under an eighth of them: shifts are tested below), sources longer than the buffer widen it; the
     outputs stay single `generate`'s."""
     backend, source, target = case
     monkeypatch.setattr(SlotDecoder, "initial_columns", 4)

@@ -48,6 +48,7 @@ def test_a_live_launchers_record_is_read_back_under_its_port(records, monkeypatc
     finally:
         other.kill()
         other.wait()
+        other.stdout.close()
 
 
 def test_a_record_left_under_this_launcher_s_own_pid_is_replaced(records):
