@@ -148,7 +148,10 @@ def main(argv: list[str] | None = None) -> int:
         # Before `import ray`: Ray reads these when its modules load and passes them to every process it starts.
         os.environ.update(added)
         os.environ.update(lean_serve_environment())
-        if proxy == "haproxy":
+        if ns.address != "local":  # (the variables above reach only processes a Ray instance of its own starts)
+            _say("serve-app: HTTP proxy: the joined cluster's own, as its nodes were started (--proxy and "
+                 "SERVE_APP_PROXY choose it for a Ray instance of the launcher's own)")
+        elif proxy == "haproxy":
             if unread is not None:
                 _say("serve-app: HAProxy will not hold back excess requests itself: the config did not load "
                      f"({unread})")
