@@ -23,7 +23,7 @@ from ray import serve
 from .batch_config import CUSTOM_MODEL_BATCH, model_deployment_options
 from .batching import count_records, run_joined
 from .errors import ModelContractError
-from .model_module import deployment_name, import_model_module
+from .model_module import deployment_name, import_model_module, non_finite
 from .replica import ModelReplica
 from .settings import CustomModelSpec
 
@@ -98,8 +98,14 @@ class CustomModel(ModelReplica):
             raise ModelContractError(
                 f"{self.spec.module}.predict returned {len(outputs)} outputs for {len(inputs)} inputs")
         output_class = self.module.Output
-        return [(out if isinstance(out, output_class) else output_class.model_validate(out)).model_dump(mode="json")
-                for out in outputs]
+        # by alias, as /v1/models's output_schema names the fields (`class_` with alias "class" answers "class")
+        dumped = [(out if isinstance(out, output_class) else output_class.model_validate(out)).model_dump(
+            mode="json", by_alias=True) for out in outputs]
+        for index, output in enumerate(dumped):  # JSON has none: the answer would carry null, a job's page fail
+            if (where := next(non_finite(output), None)) is not None:
+                raise ModelContractError(f"{self.spec.module}.predict returned a NaN or infinite number in output "
+                                         f"{index} at {'.'.join(map(str, where))}")
+        return dumped
 
     def ready(self) -> dict:
         return {"deployment": self.deployment_name, "ready_at": self.ready_at}

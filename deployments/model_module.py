@@ -20,10 +20,11 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
+import math
 import re
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from pydantic import BaseModel
 
@@ -109,3 +110,16 @@ def import_model_module(path: str) -> ModelModule:
         raise ValueError(f"module {path!r} is not a model module: " + "; ".join(problems))
     return ModelModule(path=path, module=module, Input=module.Input, Output=module.Output, load=module.load,
                        predict=module.predict, describe=describe)
+
+
+def non_finite(value: Any) -> Iterator[tuple]:
+    """Where in a parsed JSON value a float is NaN or infinite, in document order. A walk, not a recursion: input
+    nested as deep as the JSON parser allows was a RecursionError here (a 500), before the Input's own 422."""
+    stack: list[tuple[Any, tuple]] = [(value, ())]
+    while stack:
+        value, loc = stack.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            yield loc
+        elif isinstance(value, (dict, list)):
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            stack.extend(reversed([(item, (*loc, key)) for key, item in items]))

@@ -7,13 +7,12 @@ deployments/model_module.py; the replica that runs one is deployments/custom_mod
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 from pydantic import ValidationError
 
-from deployments.model_module import ModelModule, import_model_module
+from deployments.model_module import ModelModule, import_model_module, non_finite
 
 from .errors import InvalidRequest, describe_validation_errors
 from .model_clients import ModelClient
@@ -67,14 +66,15 @@ class CustomModel:
         return {"id": self.name, "task": "prediction", "deployment": info["deployment"], "placement": self.placement,
                 "backend": info["backend"], "batching": info["batching"],
                 "details": {"module": info["module"], **info["details"]},
-                "input_schema": _json_schema(self.module.Input), "output_schema": _json_schema(self.module.Output)}
+                "input_schema": _json_schema(self.module.Input), "output_schema": _json_schema(self.module.Output, output=True)}
 
 
-def _json_schema(model: Any) -> dict[str, Any]:
+def _json_schema(model: Any, output: bool = False) -> dict[str, Any]:
     """A schema class's JSON Schema, or why there is none (a field JSON Schema cannot describe, such as an
     arbitrary type): one model's schema must not fail /v1/models for every model."""
     try:
-        return model.model_json_schema()
+        # an Output as its answers carry it (aliases, excluded fields: serialization), an Input as it is sent
+        return model.model_json_schema(mode="serialization" if output else "validation")
     except Exception as exc:  # noqa: BLE001 - pydantic's PydanticInvalidForJsonSchema and the like
         return {"description": f"no JSON Schema ({type(exc).__name__})"}
 
@@ -82,20 +82,7 @@ def _json_schema(model: Any) -> dict[str, Any]:
 def _non_finite_errors(index: int, value: Any) -> list[dict]:
     """The 422 errors for input `index`'s NaN and infinite floats, if any."""
     return [{"loc": ("inputs", index, *loc), "msg": "must be a finite number (not NaN or Infinity)"}
-            for loc in _non_finite(value)]
-
-
-def _non_finite(value: Any) -> Iterator[tuple]:
-    """Where in a parsed JSON value a float is NaN or infinite, in document order. A walk, not a recursion: input
-    nested as deep as the JSON parser allows was a RecursionError here (a 500), before the Input's own 422."""
-    stack: list[tuple[Any, tuple]] = [(value, ())]
-    while stack:
-        value, loc = stack.pop()
-        if isinstance(value, float) and not math.isfinite(value):
-            yield loc
-        elif isinstance(value, (dict, list)):
-            items = value.items() if isinstance(value, dict) else enumerate(value)
-            stack.extend(reversed([(item, (*loc, key)) for key, item in items]))
+            for loc in non_finite(value)]
 
 
 def custom_models(settings: AppSettings, clients: dict[str, ModelClient]) -> dict[str, CustomModel]:
