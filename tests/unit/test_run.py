@@ -89,21 +89,6 @@ def test_the_launcher_starts_its_own_ray_unless_told_to_join_one(monkeypatch):
     assert run.main(["serve_config.yaml", "--address", "local"]) == 0 and seen["address"] == "local"
 
 
-def test_on_a_joined_cluster_the_launcher_does_not_describe_a_proxy_it_did_not_choose(monkeypatch, capsys):
-    """The cluster's nodes chose their HTTP proxy when they started; the launcher said "HAProxy (its stats page on
-    :8404 ...)" of the proxy it would have started for a Ray instance of its own."""
-    import serve_app.run as run
-
-    monkeypatch.setattr(os, "environ", os.environ.copy())
-    monkeypatch.setattr(run, "_serve", lambda ns: 0)
-    monkeypatch.setattr(run, "proxy_environment", lambda choice, run_dir, *a, **kw: ("haproxy", {}))
-    assert run.main(["serve_config.yaml", "--address", "198.18.0.1:6379"]) == 0
-    said = capsys.readouterr().out
-    assert "the joined cluster's own" in said and "HAProxy" not in said
-    assert run.main(["serve_config.yaml", "--address", "local"]) == 0
-    assert "HTTP proxy: HAProxy" in capsys.readouterr().out
-
-
 def test_the_launcher_gives_the_proxy_the_ingress_replicas_bound_from_its_config(monkeypatch):
     """serve_app/proxy_shedding.py: what HAProxy may send each Ingress replica comes from the config served
     (64 admitted + 192 waiting in serve_config.placed.yaml); proxy_environment sets it (test_proxy.py)."""

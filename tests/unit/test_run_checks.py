@@ -229,3 +229,18 @@ def test_a_second_ctrl_c_cuts_the_drain_short_and_gives_the_launcher_its_handler
         assert stops == [1]
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_on_a_joined_cluster_the_launcher_does_not_describe_a_proxy_it_did_not_choose(monkeypatch, capsys):
+    """The cluster's nodes chose their HTTP proxy when they started; the launcher said "HAProxy (its stats page on
+    :8404 ...)" of the proxy it would have started for a Ray instance of its own."""
+    import serve_app.run as run
+
+    monkeypatch.setattr(os, "environ", os.environ.copy())
+    monkeypatch.setattr(run, "_serve", lambda ns: 0)
+    monkeypatch.setattr(run, "proxy_environment", lambda choice, run_dir, *a, **kw: ("haproxy", {}))
+    assert run.main(["serve_config.yaml", "--address", "198.18.0.1:6379"]) == 0
+    said = capsys.readouterr().out
+    assert "the joined cluster's own" in said and "HAProxy" not in said
+    assert run.main(["serve_config.yaml", "--address", "local"]) == 0
+    assert "HTTP proxy: HAProxy" in capsys.readouterr().out
