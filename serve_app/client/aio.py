@@ -117,7 +117,7 @@ class AsyncClient:
             return await self._http.post(path, json=body, headers=sent,
                                          timeout=self.retry.attempt_timeout(timeout, started))
 
-        return answer(await self.retry.async_retrying(statuses)(attempt))
+        return answer(await self.retry.async_retrying(statuses, deadline_ms)(attempt))
 
     async def translate(self, texts: Sequence[str], *, source: str, target: str,
                         ids: Optional[Sequence[str]] = None, deadline_ms: Optional[int] = None) -> list[str]:

@@ -6,7 +6,8 @@ safe to send again, also after a 502 or 504. Not retried: anything else, which i
 the 503's `Retry-After` (seconds or an HTTP date; else `default_wait_s`), lengthened by up to `jitter` of it
 at random so that clients turned away together do not return together, and capped by `max_retry_wait_s`
 (at the cap, spread over its last `jitter`). A call stops after `max_retries` retries, or when its next wait
-would pass `deadline_s` (counted from the call's start); each attempt's timeout is at most what remains.
+would pass `deadline_s` or the call's own `deadline_ms` (a 504 `timeout` then; both counted from the call's
+start); each attempt's timeout is at most what remains.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Optional
 import httpx
 import tenacity
 
-from .wire import RETRYABLE_STATUSES, retry_after_s
+from .wire import RETRYABLE_STATUSES, ServeAppHTTPError, retry_after_s
 
 
 @dataclass(frozen=True)
@@ -50,25 +51,38 @@ class RetryPolicy:
         outcome = state.outcome
         return self.wait_s(None if outcome is None or outcome.failed else outcome.result())
 
-    def _options(self, statuses: tuple[int, ...]) -> dict:
+    def _options(self, statuses: tuple[int, ...], deadline_ms: Optional[int]) -> dict:
         stop = tenacity.stop_after_attempt(self.max_retries + 1)
         if self.deadline_s is not None:
             stop = stop | tenacity.stop_before_delay(self.deadline_s)
+        call_s = None if deadline_ms is None else deadline_ms / 1000
+        if call_s is not None:  # no wait past the call's own deadline (it slept a whole Retry-After, then gave up)
+            stop = stop | tenacity.stop_before_delay(call_s)
+
+        def out_of_retries(state: tenacity.RetryCallState) -> httpx.Response:
+            """The last response (the caller raises the service's error), or the last transport error, re-raised;
+            a 504 `timeout` if the call's deadline_ms would pass before the next attempt."""
+            if call_s is not None and state.seconds_since_start + state.upcoming_sleep >= call_s:
+                raise ServeAppHTTPError(504, f"the call's deadline_ms={deadline_ms} would pass before it was "
+                                        "answered (the service asked to wait longer)", "timeout")
+            return state.outcome.result()
+
         return dict(
             stop=stop,
             wait=self._wait,
             retry=(tenacity.retry_if_exception_type(httpx.TransportError)
                    | tenacity.retry_if_result(lambda response: response.status_code in statuses)),
-            # Out of retries: the last response (the caller raises the service's error), or the last
-            # transport error, re-raised.
-            retry_error_callback=lambda state: state.outcome.result(),
+            retry_error_callback=out_of_retries,
         )
 
-    def retrying(self, statuses: tuple[int, ...] = RETRYABLE_STATUSES) -> tenacity.Retrying:
-        return tenacity.Retrying(**self._options(statuses))
+    def retrying(self, statuses: tuple[int, ...] = RETRYABLE_STATUSES,
+                 deadline_ms: Optional[int] = None) -> tenacity.Retrying:
+        """The retry loop of one call (`deadline_ms`: the caller's own deadline, from now)."""
+        return tenacity.Retrying(**self._options(statuses, deadline_ms))
 
-    def async_retrying(self, statuses: tuple[int, ...] = RETRYABLE_STATUSES) -> tenacity.AsyncRetrying:
-        return tenacity.AsyncRetrying(**self._options(statuses))
+    def async_retrying(self, statuses: tuple[int, ...] = RETRYABLE_STATUSES,
+                       deadline_ms: Optional[int] = None) -> tenacity.AsyncRetrying:
+        return tenacity.AsyncRetrying(**self._options(statuses, deadline_ms))
 
     def attempt_timeout(self, timeout_s: float, started: float) -> float:
         """One attempt's timeout: `timeout_s`, or what remains of the deadline if less."""

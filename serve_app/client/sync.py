@@ -179,7 +179,7 @@ class Client:
             return self._http.post(path, json=body, headers=sent,
                                    timeout=self.retry.attempt_timeout(timeout, started))
 
-        return answer(self.retry.retrying(statuses)(attempt))
+        return answer(self.retry.retrying(statuses, deadline_ms)(attempt))
 
     def translate(self, texts: Sequence[str], *, source: str, target: str,
                   ids: Optional[Sequence[str]] = None, deadline_ms: Optional[int] = None) -> list[str]:

@@ -67,6 +67,37 @@ def test_each_retry_asks_for_what_is_left_of_the_deadline_and_none_is_sent_once_
     assert raised.value.status_code == 504 and raised.value.error_type == "timeout" and len(sent) == 1
 
 
+def test_no_retry_waits_past_the_call_s_deadline(monkeypatch):
+    """A 503 asking for 2 s against deadline_ms=300: the client slept the 2 s, then raised the 504 (2.17 s for a
+    300 ms deadline in a review). Now it raises it at once, without the wait, sync and async alike."""
+    import tenacity
+
+    slept = []
+    monkeypatch.setattr(tenacity.nap.time, "sleep", slept.append)  # (the sync loop's sleep, were it to wait)
+    handler = lambda request: overloaded(retry_after="2")  # noqa: E731
+    with Client(transport=httpx.MockTransport(handler)) as client:
+        with pytest.raises(ServeAppHTTPError) as raised:
+            client.translate(["a"], source="en", target="pt", deadline_ms=300)
+    assert raised.value.status_code == 504 and "would pass" in str(raised.value) and slept == []
+
+    async def scenario():
+        async with AsyncClient(transport=httpx.MockTransport(handler)) as aio:
+            return await asyncio.wait_for(aio.translate(["a"], source="en", target="pt", deadline_ms=300), 1.5)
+    with pytest.raises(ServeAppHTTPError, match="would pass"):
+        asyncio.run(scenario())  # (sleeping the 2 s would be a TimeoutError here)
+    with Client(transport=httpx.MockTransport(scripted_after_wait := _ok_after_one_503())) as client:
+        assert client.translate(["a"], source="en", target="pt", deadline_ms=60_000) == ["A"]  # a wait that fits
+    assert scripted_after_wait.calls == 2 and len(slept) == 1
+
+
+def _ok_after_one_503():
+    def handler(request):
+        handler.calls += 1
+        return overloaded(retry_after="1") if handler.calls == 1 else translation_ok(request)
+    handler.calls = 0
+    return handler
+
+
 class Broken(FakeJobServer):
     """Job `job0`'s poll answers a 200 that is not JSON; job1 finishes, its result in a second page that fails
     with a 500; job2 finishes normally."""
