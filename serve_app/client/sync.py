@@ -14,8 +14,8 @@ from .retry import RetryPolicy
 from .wire import (
     FINISHED_JOB_STATES, PASSING_STATUSES, RETRYABLE_STATUSES, SUBMISSION_RETRYABLE_STATUSES, SUBMIT_TIMEOUT_S,
     JobCancelled, JobSpec, ServeAppHTTPError, answer, auth_headers, checked, checked_deadline, deadline_headers,
-    embeddings_body, job_outcome, job_path, merge_page, outputs, predict_path, submission_headers, translation_body,
-    translations, vectors,
+    embeddings_body, job_outcome, job_path, merge_page, next_page, outputs, predict_path, submission_headers,
+    translation_body, translations, vectors,
 )
 
 
@@ -230,7 +230,7 @@ class Client:
     def _whole(self, view: dict) -> dict:
         """A finished job's view with every page of its result."""
         while (view.get("page") or {}).get("next"):
-            merge_page(view, checked(self._http.get(self._http.base_url.join(view["page"]["next"])), 200))
+            merge_page(view, checked(self._http.get(**next_page(view)), 200))
         return view
 
     def cancel_job(self, job_id: str) -> dict:

@@ -64,6 +64,13 @@ def merge_page(view: dict, page: dict) -> None:
     view["page"] = page["page"]
 
 
+def next_page(view: dict) -> dict:
+    """The request (httpx `get` arguments) for `view`'s next result page: the job's path under the client's base URL,
+    as every other call, with the link's query. The link's path carries the service's idea of its prefix, which a
+    gateway that strips one leaves out: joined to a base URL with a path, it dropped that path."""
+    return {"url": job_path(view["job_id"]), "params": dict(httpx.URL(view["page"]["next"]).params)}
+
+
 def auth_headers(api_key: Optional[str]) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 

@@ -87,3 +87,21 @@ def test_a_deadline_must_be_whole_milliseconds_from_one(bad):
         with pytest.raises(ValueError, match="deadline_ms must be"):
             client.translate(["a"], source="en", target="pt", deadline_ms=bad)
     assert sent == []
+
+
+def test_result_pages_are_read_under_the_client_s_base_url_with_a_path():
+    """Behind a gateway that strips a prefix (the service sets no root_path), `page.next` is /jobs/<id>?...: joined to
+    the base URL http://gw/serve-app it became http://gw/jobs/..., a 404 for every result past one page."""
+    seen = []
+
+    def handler(request):
+        seen.append(str(request.url))
+        second = request.url.params.get("offset") == "1"
+        return httpx.Response(200, json={"job_id": "j 1", "status": "succeeded", "error": None,
+                                         "result": {"result": [{"id": str(int(second)), "text": "AB"[second]}]},
+                                         "page": {"offset": int(second), "limit": 1, "records": 1,
+                                                  "next": None if second else "/jobs/j%201?offset=1&limit=1"}})
+    with Client("http://gw/serve-app", transport=httpx.MockTransport(handler)) as client:
+        view = client._whole(client.job("j 1"))
+    assert [r["text"] for r in view["result"]["result"]] == ["A", "B"]
+    assert seen == ["http://gw/serve-app/jobs/j%201", "http://gw/serve-app/jobs/j%201?offset=1&limit=1"]

@@ -99,22 +99,22 @@ def _ok_after_one_503():
 
 
 class Broken(FakeJobServer):
-    """Job `job0`'s poll answers a 200 that is not JSON; job1 finishes, its result in a second page that fails
-    with a 500; job2 finishes normally."""
+    """Job `job0`'s poll answers a 200 that is not JSON; job1 finishes, its result's second page fails with a 500;
+    job2 finishes normally."""
 
     def __init__(self):
         super().__init__(polls_before_done=0)
         self.page_reads = 0
 
     def __call__(self, request):
-        if request.method == "GET" and request.url.path.endswith("/page2"):
+        if request.method == "GET" and request.url.params.get("offset"):  # the second page
             self.page_reads += 1
             return httpx.Response(500, json={"error": "broken", "error_type": "internal_error"})
         answer = super().__call__(request)
         if request.method == "GET" and request.url.path.endswith("/job0"):
             return httpx.Response(200, text="<html>a proxy's page</html>")
         if request.method == "GET" and request.url.path.endswith("/job1"):
-            return httpx.Response(200, json={**answer.json(), "page": {"next": "/jobs/job1/page2"}})
+            return httpx.Response(200, json={**answer.json(), "page": {"next": "/jobs/job1?offset=1&limit=1"}})
         return answer
 
 
