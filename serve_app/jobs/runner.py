@@ -1,12 +1,11 @@
 """The jobs' engine without Ray: validates submissions, keeps them in the job store, computes them in chunks (each
-stored as it completes) and reads them back, whole or a page at a time (a few pages at once: jobs/reads.py).
+stored as it completes) and reads them back, whole or a page at a time (jobs/reads.py). The JobManager deployment
+(jobs/manager.py) wraps one `JobRunner`; unit tests drive it with fake model clients and a real SQLite store.
 
-The JobManager deployment (serve_app/jobs/manager.py) wraps one `JobRunner`; unit tests drive it with fake model
-clients and a real SQLite store. Only the holder of its cluster's lease computes that cluster's jobs: on start (and
-whenever it takes the lease over) it resumes every queued or running job after its last stored chunk, so a restart
-recomputes at most the chunks that were in flight. It adopts the jobs of a cluster gone from a shared store (the old
-one, after a blue/green upgrade) and resumes them the same way. Each maintenance tick also runs any unfinished job
-it has no task for: one whose submit was cancelled after its create was written, or whose store calls failed."""
+Only the holder of its cluster's lease computes that cluster's jobs: on start (and whenever it takes the lease over) it
+resumes every queued or running job after its last stored chunk, so a restart recomputes at most the chunks in flight.
+It adopts a gone cluster's jobs in a shared store (after a blue/green upgrade) the same way; each maintenance tick runs
+any unfinished job it has no task for (its submit cancelled after its create, or its store failed)."""
 
 from __future__ import annotations
 
@@ -275,17 +274,18 @@ class JobRunner:
 
     async def get(self, job_id: str, owner: str = ANONYMOUS, offset: Optional[int] = None,
                   limit: Optional[int] = None) -> dict:
-        """The job's view; once succeeded with its result, whole when it is small (no paging asked)
-        or else records [offset, offset + limit) with a `page` object (`next`: the next page)."""
+        """The job's view; once succeeded with its result: whole when small, else a `page` of records."""
         record = await self._owned(job_id, owner)
         return await job_view(self.store, record, self.settings.jobs.max_page_bytes, offset, limit, self._page_reads)
 
     async def cancel(self, job_id: str, owner: str = ANONYMOUS) -> dict:
-        """Cancel a queued or running job: its calls still waiting are never computed."""
+        """Cancel a queued or running job (its waiting calls are never computed); a cancelled one is answered again."""
         record, now = await self._owned(job_id, owner), self._clock()
         if record.finished or not await store_call(
                 self.store.finish(job_id, "cancelled", now, now + self.settings.jobs.result_ttl_s)):
             record = record if record.finished else await self._owned(job_id, owner)  # it ended in between
+            if record.status == "cancelled":  # a DELETE retried after the JobManager died between write and answer
+                return record.view()
             raise JobFinished(f"Job {job_id!r} already {record.status}; there is nothing to cancel.")
         task = self._tasks.get(job_id)
         if task is not None:
