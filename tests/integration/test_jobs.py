@@ -93,8 +93,8 @@ def test_interactive_requests_are_answered_while_a_large_job_computes(http):
     assert final["status"] == "cancelled" and final["result"] is None
     # its records not yet computing were never computed
     assert final["progress"]["records_done"] < 1500
-    conflict = http.delete(f"/jobs/{job['job_id']}")
-    assert conflict.status_code == 409 and conflict.json()["error_type"] == "job_finished"
+    again = http.delete(f"/jobs/{job['job_id']}")  # (a DELETE retried: the cancelled job again, not a 409)
+    assert again.status_code == 200 and again.json()["status"] == "cancelled"
 
 
 @pytest.mark.parametrize("body, status, error_type", [
