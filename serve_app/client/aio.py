@@ -134,23 +134,27 @@ class AsyncClient:
                                     deadline_ms=checked_deadline(deadline_ms))
         return outputs(response, len(inputs))
 
-    async def submit(self, task: str, payload: dict) -> AsyncJob:
+    async def submit(self, task: str, payload: dict, *, idempotency_key: Optional[str] = None) -> AsyncJob:
         """Submit a job (POST /jobs); awaiting it gives the job's result body."""
-        return await self._submit(JobSpec(task, payload, lambda result: result))
+        return await self._submit(JobSpec(task, payload, lambda result: result), idempotency_key)
 
     async def submit_translation(self, texts: Sequence[str], *, source: str, target: str,
-                                 ids: Optional[Sequence[str]] = None) -> AsyncJob:
-        return await self._submit(JobSpec.translation(texts, source, target, ids))
+                                 ids: Optional[Sequence[str]] = None,
+                                 idempotency_key: Optional[str] = None) -> AsyncJob:
+        return await self._submit(JobSpec.translation(texts, source, target, ids), idempotency_key)
 
-    async def submit_embeddings(self, texts: Sequence[str], *, model: Optional[str] = None) -> AsyncJob:
-        return await self._submit(JobSpec.embeddings(texts, model))
+    async def submit_embeddings(self, texts: Sequence[str], *, model: Optional[str] = None,
+                                idempotency_key: Optional[str] = None) -> AsyncJob:
+        return await self._submit(JobSpec.embeddings(texts, model), idempotency_key)
 
-    async def submit_predict(self, model: str, inputs: Sequence[dict]) -> AsyncJob:
-        return await self._submit(JobSpec.predict(model, inputs))
+    async def submit_predict(self, model: str, inputs: Sequence[dict], *,
+                             idempotency_key: Optional[str] = None) -> AsyncJob:
+        return await self._submit(JobSpec.predict(model, inputs), idempotency_key)
 
-    async def _submit(self, spec: JobSpec) -> AsyncJob:
-        view = (await self._post("/jobs", {"task": spec.task, "payload": spec.payload}, submission_headers(),
-                                 self.submit_timeout_s, statuses=SUBMISSION_RETRYABLE_STATUSES)).json()
+    async def _submit(self, spec: JobSpec, idempotency_key: Optional[str] = None) -> AsyncJob:
+        view = (await self._post("/jobs", {"task": spec.task, "payload": spec.payload},
+                                 submission_headers(idempotency_key), self.submit_timeout_s,
+                                 statuses=SUBMISSION_RETRYABLE_STATUSES)).json()
         return AsyncJob(self, view["job_id"], spec.parse)
 
     async def job(self, job_id: str) -> dict:

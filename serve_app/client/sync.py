@@ -197,26 +197,29 @@ class Client:
         response = self._post(predict_path(model), {"inputs": list(inputs)}, deadline_ms=checked_deadline(deadline_ms))
         return outputs(response, len(inputs))
 
-    def submit(self, task: str, payload: dict) -> JobFuture:
+    def submit(self, task: str, payload: dict, *, idempotency_key: Optional[str] = None) -> JobFuture:
         """Submit a job (POST /jobs); the future's result is the job's result body, exactly what
-        the task's route answers. Submission is validated at once: a bad payload raises here."""
-        return self._submit(JobSpec(task, payload, lambda result: result))
+        the task's route answers. Submission is validated at once: a bad payload raises here.
+        `idempotency_key` (every submit*): the same key sent again (after this client gave up on its
+        retries) answers with the job the first submission made, not a second one; default: a fresh key."""
+        return self._submit(JobSpec(task, payload, lambda result: result), idempotency_key)
 
     def submit_translation(self, texts: Sequence[str], *, source: str, target: str,
-                           ids: Optional[Sequence[str]] = None) -> JobFuture:
+                           ids: Optional[Sequence[str]] = None, idempotency_key: Optional[str] = None) -> JobFuture:
         """`translate()` as a job: the future's result is the translated texts, in order."""
-        return self._submit(JobSpec.translation(texts, source, target, ids))
+        return self._submit(JobSpec.translation(texts, source, target, ids), idempotency_key)
 
-    def submit_embeddings(self, texts: Sequence[str], *, model: Optional[str] = None) -> JobFuture:
+    def submit_embeddings(self, texts: Sequence[str], *, model: Optional[str] = None,
+                          idempotency_key: Optional[str] = None) -> JobFuture:
         """`embed()` as a job: the future's result is one vector per text."""
-        return self._submit(JobSpec.embeddings(texts, model))
+        return self._submit(JobSpec.embeddings(texts, model), idempotency_key)
 
-    def submit_predict(self, model: str, inputs: Sequence[dict]) -> JobFuture:
+    def submit_predict(self, model: str, inputs: Sequence[dict], *, idempotency_key: Optional[str] = None) -> JobFuture:
         """`predict()` as a job: the future's result is one output per input."""
-        return self._submit(JobSpec.predict(model, inputs))
+        return self._submit(JobSpec.predict(model, inputs), idempotency_key)
 
-    def _submit(self, spec: JobSpec) -> JobFuture:
-        view = self._post("/jobs", {"task": spec.task, "payload": spec.payload}, submission_headers(),
+    def _submit(self, spec: JobSpec, idempotency_key: Optional[str] = None) -> JobFuture:
+        view = self._post("/jobs", {"task": spec.task, "payload": spec.payload}, submission_headers(idempotency_key),
                           self.submit_timeout_s, statuses=SUBMISSION_RETRYABLE_STATUSES).json()
         future = JobFuture(self, view["job_id"], spec.parse)
         self._jobs.watch(future)

@@ -47,9 +47,11 @@ IDEMPOTENCY_HEADER = "Idempotency-Key"
 SUBMIT_TIMEOUT_S = 90.0
 
 
-def submission_headers() -> dict[str, str]:
-    """A fresh key for one submission (its retries reuse the dict, hence the key)."""
-    return {IDEMPOTENCY_HEADER: uuid.uuid4().hex}
+def submission_headers(key: Optional[str] = None) -> dict[str, str]:
+    """The caller's `key` for one submission, or a fresh one (its retries reuse the dict, hence the key)."""
+    if key is not None and (not isinstance(key, str) or not key.strip()):
+        raise ValueError(f"idempotency_key must be a non-blank string (or None: a fresh one), not {key!r}")
+    return {IDEMPOTENCY_HEADER: uuid.uuid4().hex if key is None else key}
 
 
 #: where a paged job result (GET /jobs/<id> beyond jobs.max_page_bytes) keeps its records

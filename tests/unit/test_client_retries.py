@@ -6,6 +6,7 @@ an error body that is not an object keeps its status, and closing the async clie
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 
 import httpx
@@ -154,3 +155,27 @@ def test_closing_the_async_client_stops_its_jobs_pollers():
             await asyncio.wait_for(job, 5)
         assert job.done()
     asyncio.run(scenario())
+
+
+def test_a_submission_the_client_gave_up_on_is_sent_again_under_its_own_key():
+    """Retries run out (or the deadline) after the first POST was written: with a fresh key per submit*() the caller
+    could only submit again, and the service made a second job. The caller's key makes it the first job."""
+    server = TimesOutOnceAfterWriting()
+    no_retry = dataclasses.replace(FAST_POLL, max_retries=0)
+    with Client(transport=httpx.MockTransport(server), retry=no_retry) as client:
+        with pytest.raises(ServeAppHTTPError, match="timeout"):
+            client.submit_translation(["a"], source="en", target="pt", idempotency_key="order-7")
+        again = client.submit_translation(["a"], source="en", target="pt", idempotency_key="order-7")
+        assert again.result(timeout=10) == ["A"]
+        with pytest.raises(ValueError, match="idempotency_key"):
+            client.submit_predict("iris", [{}], idempotency_key=" ")
+    assert server.posts == 2 and len(server.jobs) == 1 and list(server.keys) == ["order-7"]
+
+    async def scenario():
+        server = TimesOutOnceAfterWriting()
+        async with AsyncClient(transport=httpx.MockTransport(server), retry=no_retry) as aio:
+            with pytest.raises(ServeAppHTTPError):
+                await aio.submit_embeddings(["b"], idempotency_key="k")
+            await aio.submit_embeddings(["b"], idempotency_key="k")
+        return server
+    assert len(asyncio.run(scenario()).jobs) == 1
