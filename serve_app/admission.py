@@ -103,9 +103,11 @@ def fair_share(limit: int, active_keys: int, configured_keys: int) -> int:
 
 class AdmissionControl:
     """Sheds load at the door: beyond `limit()` requests in flight on this ingress
-    replica, or beyond the request's API key's `fair_share`, a model route answers
-    503 + Retry-After at once (JSON body) instead of queueing toward a timeout.
-    Admitted requests always run to completion.
+    replica a model request waits in the waiting room (`max_waiting()`, up to `max_wait_s()`),
+    beyond that, or beyond its API key's `fair_share` of either, it is answered 503 +
+    Retry-After at once (JSON body) instead of queueing toward a timeout. Admitted requests
+    always run to completion. Keyed requests wait too (within their key's share of the room):
+    HAProxy sends each replica what it holds, waiting room included (proxy_shedding.py).
 
     Ray's proxy would otherwise queue excess requests without bound, or (with
     `max_queued_requests` on the ingress) answer a plain-text 503 with no
@@ -131,8 +133,9 @@ class AdmissionControl:
         self.configured_keys = configured_keys
         self.max_waiting = max_waiting
         self.max_wait_s = max_wait_s
-        #: key id -> its requests in flight here (keys with none are not listed)
+        #: key id -> its requests in flight here, and in the waiting room (keys with none are not listed)
         self.per_key: dict[str, int] = {}
+        self.waiting_per_key: dict[str, int] = {}
         self.shed = 0
         #: of `shed`, those refused for their key's share while the replica had room
         self.shed_fair_share = 0
@@ -153,18 +156,20 @@ class AdmissionControl:
         limit = self.limit()
         key = self.key_of(scope)
         full = DRAIN.in_flight >= limit or bool(DRAIN.waiting)
-        # Keyed requests are not queued: their fair share decides at once (a flooding key is shed).
-        if full and (key is not None or not await self._wait_for_slot()):
-            self.shed += not DRAIN.draining  # a drain that began while it waited is not a shed
-            return await self._refuse(scope, receive, send, retry)
-        if not full and key is not None and self.per_key.get(key, 0) >= fair_share(
-                limit, len(self.per_key) + (key not in self.per_key), self.configured_keys()):
+        # A key past its share of the slots, or (full: it would wait) of the waiting room, is shed at once; other keys
+        # still get in. A waiter handed a slot is admitted whatever its key holds: the room shares the turns.
+        room = self.max_waiting()
+        if key is not None and (self._over_share(self.waiting_per_key, key, room) if full and room
+                                else not full and self._over_share(self.per_key, key, limit)):
             self.shed_fair_share += 1
             self.shed += 1
             scope[SHED_SCOPE_KEY] = "fair_share"
             message = (f"This API key holds its share of the service's capacity; retry after {retry} s "
                        "(other keys' requests are still admitted).")
             return await Overloaded(message, retry_after_s=retry).to_response(scope)(scope, receive, send)
+        if full and not await self._wait_for_slot(key):
+            self.shed += not DRAIN.draining  # a drain that began while it waited is not a shed
+            return await self._refuse(scope, receive, send, retry)
         if not full:  # a waiter was handed its slot by the request that finished
             DRAIN.in_flight += 1
         if key is not None:
@@ -180,13 +185,29 @@ class AdmissionControl:
                 else:
                     del self.per_key[key]
 
-    async def _wait_for_slot(self) -> bool:
+    def _over_share(self, held: dict[str, int], key: str, limit: int) -> bool:
+        """Whether `key` holds its fair share of `limit` (`held`: what each key holds of it) or more."""
+        return held.get(key, 0) >= fair_share(limit, len(held) + (key not in held), self.configured_keys())
+
+    async def _wait_for_slot(self, key: Optional[str]) -> bool:
         """The replica is full: whether a slot came within max_wait_s (False at once when the waiting
         room is full too; False when the wait ran out, or the replica began to drain)."""
         if len(DRAIN.waiting) >= self.max_waiting():
             return False
         waiter = asyncio.get_running_loop().create_future()
         DRAIN.waiting.append(waiter)
+        if key is not None:
+            self.waiting_per_key[key] = self.waiting_per_key.get(key, 0) + 1
+        try:
+            return await self._waited(waiter)
+        finally:
+            if key is not None:
+                if left := self.waiting_per_key[key] - 1:
+                    self.waiting_per_key[key] = left
+                else:
+                    del self.waiting_per_key[key]
+
+    async def _waited(self, waiter: asyncio.Future) -> bool:
         try:
             await asyncio.wait_for(asyncio.shield(waiter), self.max_wait_s())
         except asyncio.TimeoutError:

@@ -111,8 +111,9 @@ class IngressSettings(Section):
     )
     max_waiting_requests: int = Field(
         0, ge=0,
-        description="Model requests (without API keys) that wait for a slot, oldest first, while "
-        "max_inflight_requests are in flight, instead of a 503 at once; past it, 503 + Retry-After at once. "
+        description="Model requests that wait for a slot, oldest first, while max_inflight_requests are in flight, "
+        "instead of a 503 at once (with API keys, each key within its fair share of them); past it, 503 + "
+        "Retry-After at once. "
         "Clients that ignore Retry-After then wait for capacity rather than spend it on refusals. 0: none wait.",
     )
     max_wait_s: float = Field(

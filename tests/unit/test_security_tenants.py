@@ -243,3 +243,46 @@ def test_without_keys_the_limit_is_not_shared_out():
     codes = sorted(r.status_code for r in asyncio.run(scenario()))
     set_service(None)
     assert codes == [200] * 4 + [503] * 2
+
+
+def test_keyed_requests_wait_in_the_waiting_room_each_key_within_its_share():
+    """Keyed requests were never queued: past the slots they were 503 at once, while HAProxy, counting the waiting
+    room in each replica's maxconn, sent 4x what the replica took (64 + 192) and the refusals cost Python time. They
+    now wait as keyless ones do, each key within its share of the room: a flooding key cannot fill it."""
+    translator = GatedTranslator()
+    serve(translator, cache=False, api_keys=f"{KEY_A},{KEY_B}", max_inflight_requests=2, max_waiting_requests=4,
+          max_wait_s=10)
+
+    async def scenario():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+            def send(key, n):
+                return asyncio.create_task(http.post("/translation", json=body(f"t{n}"), headers={"X-API-Key": key}))
+            admitted = [send(KEY_A, 0)]  # A's share of the slots alone of 2 keys: 1
+            async with asyncio.timeout(10):
+                while translator.waiting < 1:
+                    await asyncio.sleep(0.01)
+            admitted.append(send(KEY_B, 1))
+            async with asyncio.timeout(10):
+                while translator.waiting < 2:
+                    await asyncio.sleep(0.01)
+            # full: A waits within its share of the room (4 // 2 = 2), its third is shed; B's waits too
+            waiting_a = [send(KEY_A, 10 + n) for n in range(3)]
+            async with asyncio.timeout(10):
+                while sum(t.done() for t in waiting_a) < 1:
+                    await asyncio.sleep(0.01)
+            waiting_b = send(KEY_B, 20)
+            async with asyncio.timeout(10):
+                while len(DRAIN.waiting) < 3:
+                    await asyncio.sleep(0.01)
+            translator.gate.set()
+            return await asyncio.gather(*admitted, *waiting_a, waiting_b)
+
+    from serve_app.admission import DRAIN
+
+    results = asyncio.run(scenario())
+    set_service(None)
+    codes = [r.status_code for r in results]
+    assert codes.count(503) == 1 and codes.count(200) == 5, codes  # both keys' waiters answered
+    assert "share" in next(r for r in results if r.status_code == 503).json()["error"]
+    assert DRAIN.in_flight == 0 and not DRAIN.waiting
