@@ -21,6 +21,7 @@ before `ray.init` and never overwrite a variable the user set.
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import os
 import random
@@ -78,12 +79,22 @@ HAPROXY_RETRY_ON = "conn-failure empty-response"
 HAPROXY_BUFFER_REQUEST = "option http-buffer-request"
 
 
-def haproxy_retry_policy() -> str:
+#: How long HAProxy waits for a whole request (headers and the body it buffers): the ingress's default
+#: `body_timeout_s`. Ray 2.60 sets no `timeout http-request`, so with the body buffered here a client that
+#: stalled mid-body was held for `timeout client` (an hour), never reaching the ingress's 408.
+HAPROXY_REQUEST_TIMEOUT_S = 30.0
+
+
+def haproxy_retry_policy(request_timeout_s: float = HAPROXY_REQUEST_TIMEOUT_S) -> str:
     """The value for RAY_SERVE_HAPROXY_RETRY_ON. Ray 2.60 has no setting for
-    `option http-buffer-request`, and renders this variable verbatim after `retry-on` in its
-    config's `defaults` section, so the option rides on a second line of it
-    (tests/unit/test_proxy.py renders Ray's template with it and has HAProxy check the result)."""
-    return f"{HAPROXY_RETRY_ON}\n    {HAPROXY_BUFFER_REQUEST}"
+    `option http-buffer-request` nor `timeout http-request`, and renders this variable verbatim after
+    `retry-on` in its config's `defaults` section, so they ride on further lines of it, with the ingress's
+    408 body for HAProxy's own (tests/unit/test_proxy.py renders Ray's template with it and runs HAProxy)."""
+    timed_out = json.dumps({"error": f"The request did not arrive whole within {request_timeout_s:g} s.",
+                            "error_type": "body_timeout"})
+    return "\n    ".join([HAPROXY_RETRY_ON, HAPROXY_BUFFER_REQUEST,
+                          f"timeout http-request {max(1, round(request_timeout_s * 1000))}ms",
+                          f"http-error status 408 content-type application/json string '{timed_out}'"])
 
 
 class ProxyChoiceError(ValueError):

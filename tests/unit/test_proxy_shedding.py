@@ -114,8 +114,9 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def haproxy_in_front(tmp_path):
-    """(HAProxy's URL, the stand-in replica) with SHEDDING, on a config Ray 2.60 rendered."""
+def haproxy_in_front(tmp_path, request):
+    """(HAProxy's URL, the stand-in replica) with SHEDDING, on a config Ray 2.60 rendered (RETRY_ON, as the
+    launcher sets it, if the test's param names a request timeout)."""
     haproxy_module = pytest.importorskip("ray.serve._private.haproxy")
     from ray.serve.config import HTTPOptions
 
@@ -130,7 +131,8 @@ def haproxy_in_front(tmp_path):
         server_state_file=str(tmp_path / "server-state"), enable_hap_optimization=False,
         stats_port=free_port(), metrics_port=free_port(), metrics_enabled=False, nbthread=2,
         http_options=HTTPOptions(host="127.0.0.1", port=port), has_received_routes=True,
-        has_received_servers=True, health_check_fastinter=SHEDDING.fastinter_value())
+        has_received_servers=True, health_check_fastinter=SHEDDING.fastinter_value(),
+        **({"retry_on": proxy.haproxy_retry_policy(request.param)} if hasattr(request, "param") else {}))
     backend = haproxy_module.BackendConfig(
         name="serve-app", path_prefix="/", app_name="serve-app",
         servers=[haproxy_module.ServerConfig(name="replica", host="127.0.0.1", port=replica.server_address[1])])
@@ -249,3 +251,24 @@ def test_every_request_reaches_the_replica_with_a_request_id(haproxy_in_front):
     assert httpx.post(url + "/translation", json={}, headers={"X-Request-Id": "abc-2"}, timeout=30).status_code == 200
     generated, given = replica.request_ids
     assert generated and len(generated) == 36 and given == "abc-2"
+
+
+@pytest.mark.parametrize("haproxy_in_front", [1.0], indirect=True)
+def test_a_body_that_stalls_in_haproxy_gets_the_ingress_s_408_not_an_hour_s_wait(haproxy_in_front):
+    """HAProxy buffers a body under 16 KiB before it sends the request on (to resend it if its replica dies); Ray 2.60
+    sets no `timeout http-request`, so a client that stalled mid-body was held for `timeout client`, an hour, and
+    never got the ingress's 408. Here the timeout is 1 s (the launcher's: body_timeout_s' default, 30 s)."""
+    url, replica, _ = haproxy_in_front
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=20) as sock:
+        sock.sendall(b"POST /translation HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 1000\r\n\r\n{\"payload\": ")  # then nothing more
+        answer = b""
+        while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+            if not (chunk := sock.recv(65536)):
+                break
+            answer += chunk
+    head, _, payload = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408"), answer
+    assert json.loads(payload)["error_type"] == "body_timeout"
+    assert not any("/translation" in seen for seen in replica.seen)  # it never reached the replica
