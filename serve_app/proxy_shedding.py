@@ -76,7 +76,8 @@ class ProxyShedding:
             # Every request gets an id here if its client sent none, so a POST that HAProxy resends (its
             # replica died before answering) carries the same one: the job store knows a resent
             # submission by it (jobs/job.py's submission_key). Ray sets it only with a request router.
-            "http-request set-header x-request-id %[uuid] if !{ req.hdr(x-request-id) -m found }",
+            # (an empty one too: it is no id, and the replica would answer an empty X-Request-ID)
+            "http-request set-header x-request-id %[uuid] if !{ req.hdr(x-request-id),length gt 0 }",
             "acl serve_app_model path " + " ".join(self.model_paths),
             "acl serve_app_model path_reg ^(" + "|".join(re.escape(p) for p in self.model_path_prefixes)
             + ")[^/]+" + re.escape(MODEL_PATH_SUFFIX) + "$",  # a model's predict route, not its card
