@@ -6,8 +6,9 @@ replica that has already drained (it has nothing in flight): drain calls sent th
 So the launcher (serve_app/run.py) owns a named actor instead. Every Ingress replica that finds it at
 start waits on it (an actor call that returns when the stop begins: an event, no polling), drains, and
 reports back under its Serve replica id; the launcher waits for a report from each Ingress replica alive
-when the stop began (`drain`, below), not for as many reports: a replica that starts during the stop has
-nothing to drain and reports at once, and must not stand in for a busy one.
+and watching (past its constructor, which registers it before it takes a request) when the stop began
+(`drain`, below), not for as many reports: a replica that starts during the stop has nothing to drain and
+reports at once, and must not stand in for a busy one; one still loading its models is not waited for.
 
 Without the launcher (`serve run`, a KubeRay RayService) there is no such actor and nothing waits.
 """
@@ -36,6 +37,13 @@ class Signal:
         self._timeout_s = 30.0
         self._reports: dict[str, dict] = {}
         self._reported = asyncio.Condition()
+        #: the replicas that watch for the stop (their constructor got that far), and those that did at the stop
+        self._watching: set[str] = set()
+        self._watching_at_stop: Optional[set[str]] = None
+
+    async def watching(self, replica: str) -> None:
+        """`replica` watches for the stop: from now on its requests are drained at the stop."""
+        self._watching.add(replica)
 
     async def wait_for_stop(self) -> float:
         """Returns (the drain timeout in seconds) when the stop begins; at once after it began."""
@@ -44,6 +52,8 @@ class Signal:
 
     async def stop(self, timeout_s: float) -> None:
         self._timeout_s = timeout_s
+        if self._watching_at_stop is None:
+            self._watching_at_stop = set(self._watching)
         self._stop.set()
 
     async def report(self, replica: str, result: dict) -> None:
@@ -52,12 +62,16 @@ class Signal:
             self._reported.notify_all()
 
     async def reports(self, expected: Union[int, Collection[str]], timeout_s: float) -> dict[str, dict]:
-        """The reports once every replica in `expected` (their ids), or `expected` replicas whichever
-        they are, has sent one; or those in after `timeout_s`."""
+        """The reports once every replica in `expected` (their ids) that watched for the stop when it began, or
+        `expected` replicas whichever they are, has sent one; or those in after `timeout_s`. A replica still in its
+        constructor at the stop (loading its models) has taken no request: it is not waited for."""
+        if not isinstance(expected, int):
+            expected = set(expected) & (self._watching if self._watching_at_stop is None else self._watching_at_stop)
+
         def arrived() -> bool:
             if isinstance(expected, int):
                 return len(self._reports) >= expected
-            return set(expected) <= self._reports.keys()
+            return expected <= self._reports.keys()
 
         async with self._reported:
             try:
@@ -83,6 +97,11 @@ def watch(replica: str, drain: Callable[[float], Awaitable[dict]]) -> Optional[t
     try:
         signal = ray.get_actor(NAME, namespace=NAMESPACE)
     except ValueError:
+        return None
+    try:  # before the replica takes a request: from then on, the stop waits for its report
+        ray.get(signal.watching.remote(replica), timeout=30)
+    except Exception as exc:  # noqa: BLE001 - the launcher is gone: nothing to drain for
+        logger.info("Ingress drain watch not started: %r", exc)
         return None
 
     def _wait_drain_report() -> None:

@@ -163,12 +163,17 @@ def test_without_replica_names_the_stop_counts_running_replicas_and_skips_an_app
 
 
 def test_the_signal_waits_for_the_replicas_it_was_given_not_for_any_as_many():
+    """... nor for one still in its constructor at the stop ("loading": it took no request; the stop waited the whole
+    drain timeout + 10 s for an Ingress the autoscaler had just added)."""
     from serve_app.drain_signal import Signal
 
     async def scenario():
         signal = Signal()
+        for replica in ("busy", "idle"):
+            await signal.watching(replica)
         await signal.stop(1.0)
-        reports = asyncio.ensure_future(signal.reports({"busy", "idle"}, timeout_s=5))
+        await signal.watching("late")  # (watching after the stop began: not waited for either)
+        reports = asyncio.ensure_future(signal.reports({"busy", "idle", "loading", "late"}, timeout_s=5))
         await signal.report("idle", {})
         await signal.report("new", {})  # started during the stop
         await asyncio.sleep(0.05)
