@@ -31,12 +31,24 @@ def resolve_pair(source: str, target: str, supported: Sequence[str]) -> tuple[st
     )
 
 
+#: Chinese regions written in one script: their tag implies it (`zh-tw` is `zh-hant-tw`), so a model without that
+#: script is not asked for plain `zh` (Simplified, in every model here) instead
+_IMPLIED_SCRIPTS = {"zh": {"tw": "hant", "hk": "hant", "mo": "hant", "cn": "hans", "sg": "hans"}}
+#: a language's bare code in these models means this script: dropping it changes nothing (`zh-hans` -> `zh`)
+_DEFAULT_SCRIPTS = {"zh": "hans"}
+
+
 def _fallbacks(code: str) -> list[str]:
     """`code`, then shorter by one subtag at a time, stopping before a script subtag would be dropped
-    (four letters, ISO 15924: `hant`, `latn`)."""
+    (four letters, ISO 15924: `hant`, `latn`) unless the bare language means that script; a Chinese region
+    implies its script (`zh-tw`: `zh-tw`, `zh-hant-tw`, `zh-hant`; never `zh`)."""
     parts, found = code.split("-"), [code]
+    implied = _IMPLIED_SCRIPTS.get(parts[0], {}).get(parts[-1]) if len(parts) == 2 else None
+    if implied is not None:
+        parts = [parts[0], implied, parts[1]]
+        found.append("-".join(parts))
     for n in range(len(parts) - 1, 0, -1):
-        if len(parts[n]) == 4 and parts[n].isalpha():
+        if len(parts[n]) == 4 and parts[n].isalpha() and _DEFAULT_SCRIPTS.get(parts[0]) != parts[n]:
             break
         found.append("-".join(parts[:n]))
     return found

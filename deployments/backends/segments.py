@@ -27,7 +27,10 @@ _WHITESPACE = re.compile(r"\s")
 _ZWJ = "\u200d"
 
 #: languages written without spaces between sentences: their pieces are joined without one
-UNSPACED_LANGUAGES = frozenset({"ja", "zh", "th", "lo", "km", "my"})
+UNSPACED_LANGUAGES = frozenset({"ja", "zh", "th", "lo", "km", "my", "jpn", "zho", "tha", "lao", "khm", "mya"})
+
+#: CJK ideographs (and their extensions), kana, and CJK punctuation: written without spaces between words
+_CJK = re.compile("[\u3000-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff00-\uffef\U00020000-\U0003134f]")
 
 
 def segment(text: str, max_chars: int) -> list[tuple[str, str]]:
@@ -97,10 +100,17 @@ def pack(pieces: Sequence[tuple[str, str]], max_chars: int, across_lines: bool =
 
 def join(translations: Sequence[str], pieces: Sequence[tuple[str, str]], language: Optional[str] = None) -> str:
     """One text from its pieces' translations (in order) and `segment`'s separators; into a `language` of
-    UNSPACED_LANGUAGES, sentence gaps are joined without a space (line breaks stay)."""
-    unspaced = language in UNSPACED_LANGUAGES
-    return "".join(str(text) + ("" if unspaced and separator == " " else separator)
-                   for text, (_, separator) in zip(translations, pieces)).strip()
+    UNSPACED_LANGUAGES (by its primary subtag: `zh-hant`, `zh-tw` too), sentence gaps are joined without a space
+    (line breaks stay); into another, a cut inside a run of CJK text ("" after it: no whitespace) gets one."""
+    unspaced = (language or "").replace("_", "-").split("-")[0].lower() in UNSPACED_LANGUAGES
+
+    def gap(source: str, separator: str) -> str:
+        if separator == " ":
+            return "" if unspaced else " "
+        cjk = separator == "" and source and _CJK.match(source[-1])
+        return " " if cjk and not unspaced else separator
+    return "".join(str(text) + gap(source, separator)
+                   for text, (source, separator) in zip(translations, pieces)).strip()
 
 
 def with_pieces(texts: list[str], pieces: dict[int, list[tuple[str, str]]]) -> list[str]:

@@ -43,3 +43,25 @@ def test_a_script_is_never_dropped_but_a_region_is(nllb):
         resolve_pair("en", "sr-Latn", pairs)  # the model writes Serbian in Cyrillic only
     assert resolve_pair("en", "sr-RS", pairs) == ("en", "sr") and resolve_pair("en", "pt-BR", ["en-pt"]) == ("en", "pt")
     assert resolve_pair("nb-NO", "en", pairs) == ("nb", "en")
+
+
+def test_a_chinese_region_keeps_its_script_and_simplified_may_drop_its_own():
+    """zh-TW fell back to `zh` on a model without Traditional Chinese and was answered in Simplified; zh-Hans was
+    refused (400) by a model whose `zh` is Simplified. From a review (2026-12-01)."""
+    simplified_only = ["en-zh", "zh-en"]
+    for traditional in ("zh-TW", "zh-HK", "zh_MO", "zh-Hant"):
+        with pytest.raises(UnsupportedLanguagePair):
+            resolve_pair("en", traditional, simplified_only)
+    for simplified in ("zh-Hans", "zh-CN", "zh-SG", "zh-Hans-CN", "zh"):
+        assert resolve_pair("en", simplified, simplified_only) == ("en", "zh"), simplified
+    assert resolve_pair("en", "zh-TW", ["en-zh", "en-zh-hant"]) == ("en", "zh-hant")
+
+
+def test_long_texts_into_chinese_of_any_tag_join_without_spaces_and_cjk_halves_into_english_with_one():
+    from deployments.backends.segments import join
+
+    for target in ("zh", "zh-hant", "zh-tw", "ja", "zho_Hant"):
+        assert join(["甲。", "乙。"], [("a。", " "), ("b。", " ")], target) == "甲。乙。", target
+    # a run of CJK without any whitespace, cut in two: its halves translated into English get a space between them
+    assert join(["Part one", "part two."], [("中" * 3, ""), ("文。", " ")], "en") == "Part one part two."
+    assert join(["http://x", "yz"], [("http://x", ""), ("yz", " ")], "pt") == "http://xyz"  # a Latin run: glued
