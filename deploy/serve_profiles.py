@@ -486,6 +486,13 @@ TARGETS: dict[str, dict[str, Any]] = {
 
 DEPLOYMENT_ORDER = ("Ingress", "Translator", "Embedder", "JobManager")
 
+#: On a cluster, replicas kept for availability go one per pod whatever the profile: Serve's spreading is best
+#: effort, and two Ingresses on the pod that is lost leave none (the gpu profile had no such rule).
+CLUSTER_SPREAD = {
+    "Ingress": Why(1, "One per pod: a lost pod takes at most one Ingress (Serve's spreading is best effort)."),
+    "Model.iris": Why(1, "One per pod: its replicas are for availability (Serve's spreading is best effort)."),
+}
+
 
 # ---------------------------------------------------------------------------
 # A config: a profile for a target
@@ -499,6 +506,10 @@ def annotated_config(profile: str, target: str) -> dict[str, Any]:
         raise KeyError(f"unknown target {target!r} (targets: {', '.join(TARGETS)})")
     chosen = copy.deepcopy(PROFILES[profile])
     deployments = chosen["deployments"]
+    if target == "cluster":  # (a profile's own reason, as cpu-cluster's, stays)
+        for name in CLUSTER_SPREAD:
+            if name in deployments and deployments[name].get("num_replicas", 2) != 1:
+                deployments[name].setdefault("max_replicas_per_node", CLUSTER_SPREAD[name])
     app = {
         "name": APP_NAME,
         "route_prefix": "/",

@@ -132,6 +132,29 @@ def test_gpu_workers_get_a_gpu_and_the_read_only_model_cache():
     assert "nvidia.com/gpu" not in _container(groups["cpu"]["template"])["resources"]["limits"]
 
 
+def test_the_gpu_profile_s_cpu_only_replicas_fit_the_cpu_group_at_their_minimum_counts():
+    """At their minimum counts the GPU profile's CPU-only replicas need 5.1 CPUs, and the cpu group's one pod had 4:
+    the rest landed on the GPU pod, whose CPUs are the Translators' (the second one could then get none). And its
+    Ingress and Model.iris had no rule to keep one per pod: a lost pod could take both."""
+    from deploy.render_configs import reserved_at_minimum
+
+    rs = load_yaml(ROOT / "kuberay/rayservice-gpu.yaml")
+    groups = {g["groupName"]: g for g in rs["spec"]["rayClusterConfig"]["workerGroupSpecs"]}
+    config = sp.serve_config("gpu", "cluster")
+    cpu_only = {"applications": [{"deployments": [
+        d for d in config["applications"][0]["deployments"] if not d.get("ray_actor_options", {}).get("num_gpus")]}]}
+    cpus, _ = reserved_at_minimum(cpu_only)
+    per_pod = float(_container(groups["cpu"]["template"])["resources"]["limits"]["cpu"])
+    assert cpus <= groups["cpu"]["minReplicas"] * per_pod, (cpus, groups["cpu"]["minReplicas"], per_pod)
+    assert groups["cpu"]["replicas"] == groups["cpu"]["minReplicas"]
+    for profile in ("gpu", "cpu-cluster"):
+        spread = {d["name"]: d.get("max_replicas_per_node")
+                  for d in sp.serve_config(profile, "cluster")["applications"][0]["deployments"]}
+        assert spread["Ingress"] == spread["Model.iris"] == 1, (profile, spread)
+    local = {d["name"]: d for d in sp.serve_config("gpu", "local")["applications"][0]["deployments"]}
+    assert "max_replicas_per_node" not in local["Ingress"]  # one workstation: one node
+
+
 def test_cpu_worker_group_holds_the_cpu_profile_at_full_scale():
     rs = load_yaml(ROOT / "kuberay/rayservice-cpu.yaml")
     (group,) = rs["spec"]["rayClusterConfig"]["workerGroupSpecs"]
