@@ -55,7 +55,8 @@ install-test: $(VENV)/.installed-test
 
 ## Serve on 127.0.0.1:$(PORT) with the embedded models. Ctrl-C (or SIGTERM) stops it
 ## gracefully: new requests get 503 + Retry-After, admitted ones finish, then Serve stops.
-## `serve run serve_config.placed.yaml` works too, but stops without draining.
+## `serve run --address local serve_config.placed.yaml` works too, but stops without draining (without
+## --address it joins whatever cluster the machine's last `ray start` recorded).
 run: install
 	@# The jobs' SQLite store (jobs.store_path): jobs survive a restart of `make run` (docs/jobs.md).
 	mkdir -p -m 700 .data
@@ -132,7 +133,10 @@ deploy-test: install-test
 ##   make load SHAPE=none|stress_matrix|step_ramp|burst HOST=http://127.0.0.1:9527 [SCENARIO=mixed|translation|embeddings]
 ##   extra Locust flags: LOCUST_ARGS="--slo-p95-ms 2000 --ramp-max-users 40"
 SHAPE ?= none
-HOST ?= http://127.0.0.1:$(PORT)
+# From make's command line only, as PORT: some shells export HOST (the machine's name).
+ifneq ($(origin HOST),command line)
+HOST := http://127.0.0.1:$(PORT)
+endif
 SCENARIO ?= $(if $(filter stress_matrix,$(SHAPE)),stress_matrix,mixed)
 LOAD_USERS ?= 4
 LOAD_TIME ?= 60s
