@@ -4,6 +4,8 @@ pair it resolves to, and its calls run with a bound on how many are in flight at
 from __future__ import annotations
 
 import asyncio
+import functools
+from collections import Counter
 from typing import Awaitable, Callable, Optional, Sequence, TypeVar
 
 from .errors import PayloadTooLarge, ServeAppError, UnsupportedLanguagePair, UnsupportedModel
@@ -20,15 +22,26 @@ def resolve_pair(source: str, target: str, supported: Sequence[str]) -> tuple[st
     time (`zh-Hant-TW`, `zh-Hant`), but never past a script: `sr-Latn` is refused where the model
     writes Serbian only in Cyrillic, not answered in it.
     """
-    pairs = set(supported)
+    pairs = _pair_tuples(tuple(supported))
     for s in _fallbacks(normalise_language(source)):
         for t in _fallbacks(normalise_language(target)):
-            if f"{s}-{t}" in pairs:
+            if (s, t) in pairs:
                 return s, t
-    listed = ", ".join(sorted(pairs)[:50]) + (" ..." if len(pairs) > 50 else "")
+    listed = ", ".join(sorted(set(supported))[:50]) + (" ..." if len(set(supported)) > 50 else "")
     raise UnsupportedLanguagePair(
         f"Unsupported language pair {source!r} -> {target!r}. Supported pairs: {listed}."
     )
+
+
+@functools.lru_cache(maxsize=16)
+def _pair_tuples(supported: tuple[str, ...]) -> frozenset[tuple[str, str]]:
+    """`src-tgt` strings as (src, tgt). A code may hold a hyphen (`zh-tw`), so a string may split more than one way
+    (`zh-tw-en`): the split whose rarer code occurs most often in the list is taken (`zh-tw` + `en`, not `zh` +
+    `tw-en`, which a request for zh -> tw-en matched: the backend then refused the pair with a 500)."""
+    splits = [[(pair[:i], pair[i + 1:]) for i, char in enumerate(pair) if char == "-"] for pair in supported]
+    seen = Counter(code for options in splits for split in options for code in split)
+    return frozenset(max(options, key=lambda split: min(seen[split[0]], seen[split[1]]))
+                     for options in splits if options)
 
 
 #: Chinese regions written in one script: their tag implies it (`zh-tw` is `zh-hant-tw`), so a model without that

@@ -65,3 +65,15 @@ def test_long_texts_into_chinese_of_any_tag_join_without_spaces_and_cjk_halves_i
     # a run of CJK without any whitespace, cut in two: its halves translated into English get a space between them
     assert join(["Part one", "part two."], [("中" * 3, ""), ("文。", " ")], "en") == "Part one part two."
     assert join(["http://x", "yz"], [("http://x", ""), ("yz", " ")], "pt") == "http://xyz"  # a Latin run: glued
+
+
+def test_a_pair_string_is_split_where_its_codes_are_not_where_the_request_s_hyphen_falls():
+    """NLLB's `zh-tw-en` (zh-TW -> en) also reads as zh -> `tw-en`: a request for that matched it, and the backend
+    refused the pair with a 500 instead of the 400 every other unsupported pair gets. From a review (2026-12-01)."""
+    codes = ["en", "zh", "zh-tw", "zh-hant", "pt"]
+    pairs = [f"{a}-{b}" for a in codes for b in codes if a != b]
+    with pytest.raises(UnsupportedLanguagePair):
+        resolve_pair("zh", "tw-en", pairs)
+    assert resolve_pair("zh-TW", "en", pairs) == ("zh-tw", "en") and resolve_pair("en", "zh-tw", pairs) == \
+        ("en", "zh-tw")
+    assert resolve_pair("zh", "tw-en", pairs + ["zh-tw"]) == ("zh", "tw")  # Twi (region EN), where it is served
