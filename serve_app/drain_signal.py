@@ -61,12 +61,16 @@ class Signal:
             self._reports[replica] = result
             self._reported.notify_all()
 
+    def watched(self, replicas: Collection[str]) -> set[str]:
+        """Of `replicas`, those that watched for the stop when it began (all that watch, before it)."""
+        return set(replicas) & (self._watching if self._watching_at_stop is None else self._watching_at_stop)
+
     async def reports(self, expected: Union[int, Collection[str]], timeout_s: float) -> dict[str, dict]:
         """The reports once every replica in `expected` (their ids) that watched for the stop when it began, or
         `expected` replicas whichever they are, has sent one; or those in after `timeout_s`. A replica still in its
         constructor at the stop (loading its models) has taken no request: it is not waited for."""
         if not isinstance(expected, int):
-            expected = set(expected) & (self._watching if self._watching_at_stop is None else self._watching_at_stop)
+            expected = self.watched(expected)
 
         def arrived() -> bool:
             if isinstance(expected, int):
@@ -151,8 +155,9 @@ def drain(signal_actor: "ray.actor.ActorHandle", app_names: list[str], timeout_s
         drained = ray.get(signal_actor.reports.remote(replicas, timeout_s + 10))
         if isinstance(replicas, int):
             done, expected = len(drained), replicas
-        else:
-            done, expected = len(replicas & drained.keys()), len(replicas)
+        else:  # (those still in their constructor at the stop took no request: not waited for, not counted)
+            watched = ray.get(signal_actor.watched.remote(replicas))
+            done, expected = len(watched & drained.keys()), len(watched)
         say(f"serve-app: drained {done} of {expected} Ingress replica(s): {drained}")
     except Exception as exc:  # a failed drain must not prevent the shutdown
         say(f"serve-app: could not drain ({exc!r}); stopping anyway")
