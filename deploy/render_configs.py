@@ -124,8 +124,9 @@ def reserved_at_minimum(config: dict[str, Any]) -> tuple[float, float]:
 def render_local(profile: str) -> str:
     config = annotated_config(profile, "local")
     cpus, gpus = reserved_at_minimum(plain(config))
-    reserved = (f"# Reserved by the replicas at their minimum counts: {cpus:g} CPU" + (f", {gpus:g} GPU" if gpus else "")
-                + " (a replica Ray cannot place waits, pending).\n")
+    gpu = f", {gpus:g} GPU" if gpus else ""
+    reserved = (f"# Reserved by the replicas at their minimum counts: {cpus:g} CPU{gpu}"
+                " (a replica Ray cannot place waits, pending).\n")
     return _LOCAL_HEADERS[profile] + reserved + "\n" + to_yaml(config)
 
 

@@ -101,6 +101,21 @@ def fair_share(limit: int, active_keys: int, configured_keys: int) -> int:
     return max(1, limit // min(active_keys + 1, configured_keys))
 
 
+def _hold(held: dict[str, int], key: Optional[str]) -> None:
+    """One more of what `held` counts for `key` (None: no key, nothing counted)."""
+    if key is not None:
+        held[key] = held.get(key, 0) + 1
+
+
+def _release(held: dict[str, int], key: Optional[str]) -> None:
+    """One fewer; a key holding none is not listed."""
+    if key is not None:
+        if left := held[key] - 1:
+            held[key] = left
+        else:
+            del held[key]
+
+
 class AdmissionControl:
     """Sheds load at the door: beyond `limit()` requests in flight on this ingress
     replica a model request waits in the waiting room (`max_waiting()`, up to `max_wait_s()`),
@@ -172,18 +187,12 @@ class AdmissionControl:
             return await self._refuse(scope, receive, send, retry)
         if not full:  # a waiter was handed its slot by the request that finished
             DRAIN.in_flight += 1
-        if key is not None:
-            self.per_key[key] = self.per_key.get(key, 0) + 1
+        _hold(self.per_key, key)
         try:
             await self.app(scope, receive, send)
         finally:
             DRAIN.release()
-            if key is not None:
-                left = self.per_key[key] - 1
-                if left:
-                    self.per_key[key] = left
-                else:
-                    del self.per_key[key]
+            _release(self.per_key, key)
 
     def _over_share(self, held: dict[str, int], key: str, limit: int) -> bool:
         """Whether `key` holds its fair share of `limit` (`held`: what each key holds of it) or more."""
@@ -196,16 +205,11 @@ class AdmissionControl:
             return False
         waiter = asyncio.get_running_loop().create_future()
         DRAIN.waiting.append(waiter)
-        if key is not None:
-            self.waiting_per_key[key] = self.waiting_per_key.get(key, 0) + 1
+        _hold(self.waiting_per_key, key)
         try:
             return await self._waited(waiter)
         finally:
-            if key is not None:
-                if left := self.waiting_per_key[key] - 1:
-                    self.waiting_per_key[key] = left
-                else:
-                    del self.waiting_per_key[key]
+            _release(self.waiting_per_key, key)
 
     async def _waited(self, waiter: asyncio.Future) -> bool:
         try:

@@ -7,9 +7,9 @@ text)`; values are whatever the service stores (a translated string; an embeddin
 and its token count).
 
 Every operation is O(1) (an `OrderedDict` in least-recently-used order, and one per tenant; a hit
-moves the entry to the end of both), but an eviction, O(tenants). An entry expires `ttl_s` after it was stored (a hit does not extend it);
-expired entries are dropped when looked up, and from the cold end whenever something is
-stored. Sizes are estimated per entry with `sys.getsizeof` of the key's text and the
+moves the entry to the end of both), but an eviction, O(tenants). An entry expires `ttl_s` after it
+was stored (a hit does not extend it); expired entries are dropped when looked up, and from the
+cold end whenever something is stored. Sizes are estimated per entry with `sys.getsizeof` of the key's text and the
 value's parts (a string's size grows with its length, a NumPy array's with its `nbytes`)
 plus a fixed per-entry overhead for the containers; `tests/unit/test_cache.py` checks the
 estimate against what `tracemalloc` sees.

@@ -66,7 +66,8 @@ class CustomModel:
         return {"id": self.name, "task": "prediction", "deployment": info["deployment"], "placement": self.placement,
                 "backend": info["backend"], "batching": info["batching"],
                 "details": {"module": info["module"], **info["details"]},
-                "input_schema": _json_schema(self.module.Input), "output_schema": _json_schema(self.module.Output, output=True)}
+                "input_schema": _json_schema(self.module.Input),
+                "output_schema": _json_schema(self.module.Output, output=True)}
 
 
 def _json_schema(model: Any, output: bool = False) -> dict[str, Any]:

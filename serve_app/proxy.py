@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import IO, Mapping, Optional
 
 from .proxy_shedding import FASTINTER_VARIABLE, ProxyShedding
+from .settings import IngressSettings
 from .status import own_folder, read_record
 
 logger = logging.getLogger("serve_app")
@@ -82,7 +83,7 @@ HAPROXY_BUFFER_REQUEST = "option http-buffer-request"
 #: How long HAProxy waits for a whole request (headers and the body it buffers): the ingress's default
 #: `body_timeout_s`. Ray 2.60 sets no `timeout http-request`, so with the body buffered here a client that
 #: stalled mid-body was held for `timeout client` (an hour), never reaching the ingress's 408.
-HAPROXY_REQUEST_TIMEOUT_S = 30.0
+HAPROXY_REQUEST_TIMEOUT_S: float = IngressSettings.model_fields["body_timeout_s"].default
 
 
 def haproxy_retry_policy(request_timeout_s: float = HAPROXY_REQUEST_TIMEOUT_S) -> str:
