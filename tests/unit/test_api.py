@@ -56,7 +56,8 @@ def test_large_request_is_cut_into_bounded_concurrent_calls(client):
     assert translator.max_in_flight == 2
 
 
-@pytest.mark.parametrize("src, tgt, expected", [("EN", "PT", "pt"), ("en", "pt-BR", "pt"), ("pt_br", "en", "en")])
+@pytest.mark.parametrize("src, tgt, expected", [("EN", "PT", "pt"), ("en", "pt-BR", "pt"), ("pt_br", "en", "en"),
+                                                ("en-Latn", "pt-Latn-BR", "pt"), ("pt_Latn_PT", "en-Latn-US", "en")])
 def test_language_codes_are_case_insensitive_and_fall_back_to_the_language(client, src, tgt, expected):
     translator, _ = install()
     resp = client.post("/translation", json=body([{"id": "1", "text": "hi"}], src, tgt))

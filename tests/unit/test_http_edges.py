@@ -60,6 +60,16 @@ def test_a_deadline_past_the_server_s_cap_is_capped_not_refused(client):
     assert client.post("/translation", json=BODY, headers={"X-Request-Timeout-Ms": str(10 ** 40)}).status_code == 422
 
 
+def test_a_script_the_model_does_not_write_is_the_400_of_any_unknown_pair(client):
+    """`pt-Latn` is `pt` now (a 400 before, from a review 2026-12-02); Portuguese in Cyrillic is still no pair, and
+    is told so as any unknown pair is: 400, `error` naming the codes as sent and the pairs served, `error_type`."""
+    assert client.post("/translation", json={"payload": {**BODY["payload"], "toLang": "pt-Latn"}}).status_code == 200
+    cyrillic = {"payload": {**BODY["payload"], "fromLang": "en-Latn", "toLang": "pt-Cyrl"}}
+    resp = client.post("/translation", json=cyrillic)
+    assert resp.status_code == 400 and resp.json()["error_type"] == "unsupported_language_pair"
+    assert resp.json()["error"].startswith("Unsupported language pair 'en-Latn' -> 'pt-Cyrl'. Supported pairs: en-pt")
+
+
 @pytest.mark.parametrize("tokens", [[9906, 1917], [[9906, 1917]], 42])
 def test_openai_token_arrays_are_refused_in_words(client, tokens):
     resp = client.post("/v1/embeddings", json={"input": tokens})

@@ -77,3 +77,49 @@ def test_a_pair_string_is_split_where_its_codes_are_not_where_the_request_s_hyph
     assert resolve_pair("zh-TW", "en", pairs) == ("zh-tw", "en") and resolve_pair("en", "zh-tw", pairs) == \
         ("en", "zh-tw")
     assert resolve_pair("zh", "tw-en", pairs + ["zh-tw"]) == ("zh", "tw")  # Twi (region EN), where it is served
+
+
+def test_a_tag_naming_its_language_s_default_script_means_the_language():
+    """en-Latn, pt-Latn-BR and en-Latn-US were refused (400) although they mean en, pt-BR and en-US: only
+    Chinese's Simplified script could be named. From a review (2026-12-02)."""
+    pairs = ["en-pt", "pt-en", "ru-uk", "ar-en", "ja-ko"]
+    for source, target, resolved in (("en-Latn", "pt-Latn-BR", ("en", "pt")), ("en_latn_us", "PT-LATN", ("en", "pt")),
+                                     ("pt-Latn-PT", "en", ("pt", "en")), ("ru-Cyrl", "uk-Cyrl-UA", ("ru", "uk")),
+                                     ("ar-Arab-EG", "en-Latn", ("ar", "en")), ("ja-Jpan", "ko-Kore-KR", ("ja", "ko"))):
+        assert resolve_pair(source, target, pairs) == resolved, (source, target)
+    regional = ["en-pt", "en-pt-br", "pt-br-en", "pt-en"]  # a regional code served: the tag is that region's
+    assert resolve_pair("en", "pt-Latn-BR", regional) == ("en", "pt-br")
+    assert resolve_pair("pt-Latn-BR", "en", regional) == ("pt-br", "en")
+
+
+def test_a_script_other_than_the_language_s_default_is_still_not_another_script_s_model(nllb):
+    pairs = [f"{p.source}-{p.target}" for p in nllb.supported_pairs()]
+    assert resolve_pair("en", "sr-Cyrl", pairs) == ("en", "sr") and resolve_pair("nb-Latn-NO", "en", pairs) == \
+        ("nb", "en")
+    for source, target in (("en", "sr-Latn"), ("en", "sr-Latn-RS"), ("en-Cyrl", "sr"), ("en", "zh-Latn")):
+        with pytest.raises(UnsupportedLanguagePair):
+            resolve_pair(source, target, pairs)
+    for cyrillic_uzbek in ("uz-Cyrl", "uz-Cyrl-UZ"):  # Uzbek's bare code is Latin: Cyrillic is another model's
+        with pytest.raises(UnsupportedLanguagePair):
+            resolve_pair("en", cyrillic_uzbek, ["en-uz"])
+    # Chinese keeps its rules: Traditional only where served, Simplified named in a Traditional region is `zh`
+    assert resolve_pair("en", "zh-Hant-TW", pairs) == ("en", "zh-hant")
+    assert resolve_pair("en", "zh-Hans-TW", ["en-zh"]) == ("en", "zh")
+    with pytest.raises(UnsupportedLanguagePair):
+        resolve_pair("en", "zh-Hant-TW", ["en-zh"])
+
+
+def test_every_language_of_nllb_and_m2m100_knows_its_default_script():
+    """The default scripts agree with NLLB's own FLORES codes (Korean aside: CLDR's Kore, NLLB's Hang) and
+    cover every M2M100 language, so `xx-<its script>` resolves for each."""
+    from transformers.models.m2m_100.tokenization_m2m_100 import FAIRSEQ_LANGUAGE_CODES
+
+    from deployments.backends.languages import ISO_TO_FLORES
+
+    scripts = {iso: flores.split("_")[1] for iso, flores in ISO_TO_FLORES.items() if "-" not in iso and iso != "ko"}
+    scripts |= {"ko": "Kore", "ba": "Cyrl", "sd": "Arab", "yi": "Hebr", "or": "Orya"}
+    scripts |= dict.fromkeys("ast br ceb ff fy gd ht ilo lb lg ln mg ns oc ss su tn wo".split(), "Latn")
+    assert set(FAIRSEQ_LANGUAGE_CODES["m2m100"]) <= set(scripts)
+    for code, script in scripts.items():
+        assert resolve_pair(f"{code}-{script}", "xx", [f"{code}-xx"]) == (code, "xx"), code
+        assert resolve_pair("xx", f"{code}_{script}", [f"xx-{code}"]) == ("xx", code), code
