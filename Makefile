@@ -29,10 +29,24 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); exit 1; }
 	$(BIN)/python -m pip install -q --upgrade pip || { rm -rf $(VENV); exit 1; }
 
+# torch, installed first, is recorded with what chose it (TORCH_SPEC, TORCH_CPU_INDEX) in $(TORCH_STAMP). Set
+# otherwise later (a CUDA build on a GPU machine), torch alone is installed again by the next make, not the rest.
+TORCH_STAMP := $(VENV)/.torch
+TORCH_CHOICE := $(strip $(TORCH_SPEC) $(TORCH_CPU_INDEX))
+TORCH_RECORDED := $(shell cat $(TORCH_STAMP) 2>/dev/null)
+ifneq ($(TORCH_RECORDED),$(TORCH_CHOICE))
+.PHONY: $(TORCH_STAMP)
+endif
+$(TORCH_STAMP): | $(BIN)/python
+	@# Another choice than the recorded one: its torch goes first, or pip would keep it (torch==2.13.0 is
+	@# satisfied by 2.13.0+cpu as by a CUDA build of 2.13.0).
+	$(if $(TORCH_RECORDED),$(BIN)/python -m pip uninstall -q -y torch)
+	scripts/install-torch $(BIN)/python "$(TORCH_SPEC)" "$(TORCH_CPU_INDEX)"
+	printf '%s\n' "$(TORCH_CHOICE)" >$@
+
 # Versions come from requirements.lock (constraints: pins of everything, torch's CUDA libraries
 # included, which a CPU torch never asks for); `make lock` re-resolves it after pyproject.toml changes.
-$(VENV)/.installed: pyproject.toml requirements.lock | $(BIN)/python
-	scripts/install-torch $(BIN)/python "$(TORCH_SPEC)" "$(TORCH_CPU_INDEX)"
+$(VENV)/.installed: pyproject.toml requirements.lock | $(BIN)/python $(TORCH_STAMP)
 	@# [examples]: the iris model that serve_config*.yaml serve by default; [onnx]: make run's embeddings
 	@# engine, whose export (~25 s, once per machine, ~/.cache/serve-app/onnx) is made here, not at first start.
 	$(BIN)/python -m pip install -q -c requirements.lock -e ".[examples,onnx]"
