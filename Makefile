@@ -182,7 +182,10 @@ INFINITY_VENV := .bench-venvs/infinity
 $(VENV)/.installed-bench: $(VENV)/.installed scripts/install-system-deps
 	@# wrk: the load generator every contender gets (bench/compare/load.py).
 	scripts/install-system-deps wrk:wrk
-	$(BIN)/python -m pip install -q -e ".[bench]"
+	@# With the lock as constraints, as every install into the venv: a peer or its dependencies may not move what
+	@# the project pins (FastAPI, uvicorn, ...); pip refuses a peer that would need that. The peers themselves are
+	@# not in the lock (`make lock` leaves [bench] out); BentoML and Infinity have venvs of their own (below).
+	$(BIN)/python -m pip install -q -c requirements.lock -e ".[bench]"
 	touch $@
 
 # BentoML in its own venv: its pins must not move the project's.
