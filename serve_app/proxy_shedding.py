@@ -28,7 +28,13 @@ and still has the last word; on a cluster, where every node's HAProxy holds this
 it is what bounds a replica. Ray 2.60's HAProxy template has no setting for any of this, so it
 rides in RAY_SERVE_HAPROXY_HEALTH_CHECK_FASTINTER, which Ray writes into each backend's
 `default-server` line (haproxy_retry_policy rides in RAY_SERVE_HAPROXY_RETRY_ON the same way), set by
-serve_app/proxy.py's proxy_environment unless the user set it; tests/unit/test_proxy_shedding.py renders Ray's template with it and runs the HAProxy it configures.
+serve_app/proxy.py's proxy_environment unless the user set it; tests/unit/test_proxy_shedding.py renders Ray's
+template with it and runs the HAProxy it configures.
+
+Ray writes that one value into every backend, one per application, so each serve-app application's lines sit in
+a block HAProxy keeps only in that application's own backend (`.if streq("${.SECTION}","http-<app name>")`, the
+name Ray gives it; HAProxy 2.8's pseudo-variable): each backend holds its own application's bound, queue wait
+and routes, and the backends of applications that are not serve-app's keep Ray's configuration (no `maxconn`).
 """
 
 from __future__ import annotations
@@ -53,21 +59,32 @@ PROBE_PATHS = ("/healthz", "/readyz")
 #: serve-app's applications in a Serve config, by import path.
 SERVE_APP_IMPORT_PREFIX = "serve_app."
 
+#: Serve's name for an application whose config names none.
+SERVE_DEFAULT_APP_NAME = "default"
+
+
+def backend_name(app_name: str) -> str:
+    """The HAProxy backend Ray 2.60 makes for an HTTP application (HAProxyManager._generate_backend_name and
+    get_safe_name; tests/unit/test_proxy_shedding.py compares them)."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", f"http-{app_name}".replace("#", "-").replace("/", "."))
+
 
 @dataclass(frozen=True)
-class ProxyShedding:
-    """What HAProxy sends each Ingress replica, and how long the rest may wait (module docstring)."""
+class AppShedding:
+    """What HAProxy sends each Ingress replica of one serve-app application, and how long the rest may wait
+    (module docstring); `backend` is the application's HAProxy backend."""
 
     max_requests_per_replica: int
     max_queue_wait_s: float
     retry_after_s: int
+    backend: str = backend_name("serve-app")
     #: admission's routes under each application's route prefix
     model_paths: tuple[str, ...] = MODEL_PATHS
     model_path_prefixes: tuple[str, ...] = MODEL_PATH_PREFIXES
     probe_paths: tuple[str, ...] = PROBE_PATHS
 
     def backend_directives(self) -> list[str]:
-        """The lines each HAProxy backend gets after its `default-server ... maxconn` line."""
+        """The lines the application's HAProxy backend gets after its `default-server maxconn` line."""
         timed_out = json.dumps({"error": "No Ingress replica could take the request within "
                                          f"{self.max_queue_wait_s:g} s (at capacity, or none ready); retry "
                                          f"after {self.retry_after_s} s.", "error_type": "overloaded"})
@@ -102,12 +119,29 @@ class ProxyShedding:
             f"timeout check {HEALTH_CHECK_READ_TIMEOUT_S:g}s",
         ]
 
+    def block(self) -> list[str]:
+        """This application's lines, kept by HAProxy in its own backend only (module docstring)."""
+        return [f'.if streq("${{.SECTION}}","{self.backend}")',
+                f"default-server maxconn {self.max_requests_per_replica}", *self.backend_directives(), ".endif"]
+
+
+@dataclass(frozen=True)
+class ProxyShedding:
+    """Each serve-app application's AppShedding, for the HAProxy in front of a Serve config's applications."""
+
+    apps: tuple[AppShedding, ...]
+
+    def app(self, name: str) -> AppShedding:
+        """The bound of the application named `name`."""
+        return next(app for app in self.apps if app.backend == backend_name(name))
+
     def fastinter_value(self, fastinter: str = RAY_FASTINTER) -> str:
-        """RAY_SERVE_HAPROXY_HEALTH_CHECK_FASTINTER's value: Ray writes `default-server fastinter
-        <it> downinter ... check`, so the value adds `maxconn`, ends that line, adds the
-        directives, and opens a second `default-server` line for the rest of Ray's."""
-        return "\n    ".join([f"{fastinter} maxconn {self.max_requests_per_replica}",
-                              *self.backend_directives(), f"default-server fastinter {fastinter}"])
+        """RAY_SERVE_HAPROXY_HEALTH_CHECK_FASTINTER's value: Ray writes `default-server fastinter <it> downinter
+        ... check` into every backend, so the value ends that line after Ray's `fastinter`, adds each serve-app
+        application's block (only its own backend keeps it), and opens a second `default-server` line for the rest
+        of Ray's."""
+        return "\n    ".join([fastinter, *(line for app in self.apps for line in app.block()),
+                              f"default-server fastinter {fastinter}"])
 
 
 def _under(prefix: str, paths: tuple[str, ...]) -> tuple[str, ...]:
@@ -116,23 +150,19 @@ def _under(prefix: str, paths: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def shedding_for_config(config: Mapping[str, Any]) -> Optional[ProxyShedding]:
-    """The bound for a Serve config's serve-app applications (their `args:` and SERVE_APP_INGRESS_*
-    as the replicas read them); with several, the largest of each so that HAProxy never refuses what
-    one of them would hold. None without a serve-app application."""
+    """The bound of each of a Serve config's serve-app applications (their `args:` and SERVE_APP_INGRESS_* as
+    the replicas read them), each for its own HAProxy backend. None without a serve-app application."""
     from .app_settings import app_settings
 
-    found: list[tuple[Any, str]] = []
+    apps = []
     for app in config.get("applications") or []:
-        if str(app.get("import_path", "")).startswith(SERVE_APP_IMPORT_PREFIX):
-            found.append((app_settings(app).ingress, app.get("route_prefix") or "/"))
-    if not found:
-        return None
-    return ProxyShedding(
-        max_requests_per_replica=max(s.max_inflight_requests + s.max_waiting_requests for s, _ in found),
-        max_queue_wait_s=max(s.max_wait_s for s, _ in found),
-        retry_after_s=max(s.retry_after_s for s, _ in found),
-        model_paths=tuple(dict.fromkeys(p for _, prefix in found for p in _under(prefix, MODEL_PATHS))),
-        model_path_prefixes=tuple(dict.fromkeys(
-            p for _, prefix in found for p in _under(prefix, MODEL_PATH_PREFIXES))),
-        probe_paths=tuple(dict.fromkeys(p for _, prefix in found for p in _under(prefix, PROBE_PATHS))),
-    )
+        if not str(app.get("import_path", "")).startswith(SERVE_APP_IMPORT_PREFIX):
+            continue
+        settings, prefix = app_settings(app).ingress, app.get("route_prefix") or "/"
+        apps.append(AppShedding(
+            max_requests_per_replica=settings.max_inflight_requests + settings.max_waiting_requests,
+            max_queue_wait_s=settings.max_wait_s, retry_after_s=settings.retry_after_s,
+            backend=backend_name(str(app.get("name") or SERVE_DEFAULT_APP_NAME)),
+            model_paths=_under(prefix, MODEL_PATHS), model_path_prefixes=_under(prefix, MODEL_PATH_PREFIXES),
+            probe_paths=_under(prefix, PROBE_PATHS)))
+    return ProxyShedding(tuple(apps)) if apps else None

@@ -21,6 +21,23 @@ import yaml
 from tests.support import MAKE_RUN_CONFIG, free_port, register_session_serve, stop_session_serve
 
 ROOT = Path(__file__).resolve().parents[1]
+
+#: A file that pytest's own exit status is appended to (`.ci/run` sets it): make exits 2 whatever its recipe
+#: returned, so without it CI could not tell "no tests ran" (5) from any other failure.
+STATUS_FILE_VARIABLE = "SERVE_APP_PYTEST_STATUS_FILE"
+_status_file = pytest.StashKey[str]()
+
+
+def pytest_configure(config):
+    # Taken out of the environment: a pytest that a test starts is not the run CI asked about.
+    if (path := os.environ.pop(STATUS_FILE_VARIABLE, "")) and not hasattr(config, "workerinput"):
+        config.stash[_status_file] = path
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if path := session.config.stash.get(_status_file, ""):
+        with open(path, "a", encoding="utf-8") as status:
+            status.write(f"{int(exitstatus)}\n")
 TEST_MAX_BODY_BYTES = 3_000_000
 STARTUP_TIMEOUT_S = float(os.environ.get("SERVE_APP_TEST_STARTUP_TIMEOUT_S", "240"))
 

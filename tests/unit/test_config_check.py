@@ -109,7 +109,7 @@ def test_the_application_s_runtime_env_vars_are_read_as_its_build_reads_them(con
     more["applications"][0].setdefault("runtime_env", {}).setdefault("env_vars", {})[
         "SERVE_APP_INGRESS_RETRY_AFTER_S"] = "7"  # (not in its args, which come first)
     assert load_settings(config["applications"][0]["args"]).ingress.retry_after_s != 7
-    assert shedding_for_config(more).retry_after_s == 7 and "SERVE_APP_INGRESS_RETRY_AFTER_S" not in os.environ
+    assert shedding_for_config(more).apps[0].retry_after_s == 7 and "SERVE_APP_INGRESS_RETRY_AFTER_S" not in os.environ
 
 
 @pytest.mark.parametrize("deployments", [5, True, "Ingress"])

@@ -259,13 +259,13 @@ def test_the_retry_policy_renders_into_rays_haproxy_config_and_haproxy_accepts_i
 def test_with_haproxy_the_ingress_replicas_bound_is_set_unless_the_user_set_the_variable(tmp_path, fake_haproxy):
     """serve_app/proxy_shedding.py: the bound rides in one of Ray's HAProxy variables; Serve's Python proxy
     gets nothing of it, and a value the user set stays theirs."""
-    from serve_app.proxy_shedding import FASTINTER_VARIABLE, ProxyShedding
+    from serve_app.proxy_shedding import FASTINTER_VARIABLE, AppShedding, ProxyShedding
 
-    shedding = ProxyShedding(max_requests_per_replica=256, max_queue_wait_s=2.0, retry_after_s=2)
+    shedding = ProxyShedding((AppShedding(max_requests_per_replica=256, max_queue_wait_s=2.0, retry_after_s=2),))
     env = {"RAY_SERVE_HAPROXY_BINARY_PATH": str(fake_haproxy)}
     _, added = proxy_environment("auto", tmp_path / "a", env, shedding=shedding)
     assert added[FASTINTER_VARIABLE] == shedding.fastinter_value()
-    assert added[FASTINTER_VARIABLE].startswith("250ms maxconn 256\n")
+    assert "\n    default-server maxconn 256\n" in added[FASTINTER_VARIABLE]
     _, added = proxy_environment("auto", tmp_path / "b", env)
     assert FASTINTER_VARIABLE not in added  # no serve-app application: Ray's own value
     _, added = proxy_environment("auto", tmp_path / "c", {**env, FASTINTER_VARIABLE: "1s"}, shedding=shedding)

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from serve_app import proxy
-from serve_app.proxy_shedding import ProxyShedding, shedding_for_config
+from serve_app.proxy_shedding import AppShedding, ProxyShedding, backend_name, shedding_for_config
 from tests.support import free_port, wait_for
 
 APP = {"name": "serve-app", "route_prefix": "/", "import_path": "serve_app.builder:build_app"}
@@ -28,7 +28,7 @@ APP = {"name": "serve-app", "route_prefix": "/", "import_path": "serve_app.build
 
 def test_the_bound_is_what_each_ingress_replica_holds_admitted_plus_waiting():
     config = yaml.safe_load(open("serve_config.placed.yaml"))
-    shedding = shedding_for_config(config)
+    shedding = shedding_for_config(config).app("serve-app")
     ingress = config["applications"][0]["args"]["ingress"]
     assert shedding.max_requests_per_replica == ingress["max_inflight_requests"] + ingress["max_waiting_requests"]
     assert shedding.max_queue_wait_s == ingress["max_wait_s"]
@@ -37,27 +37,40 @@ def test_the_bound_is_what_each_ingress_replica_holds_admitted_plus_waiting():
 
 def test_the_environment_and_the_settings_defaults_count_like_the_replicas(monkeypatch):
     monkeypatch.setenv("SERVE_APP_INGRESS_MAX_INFLIGHT_REQUESTS", "10")
-    shedding = shedding_for_config({"applications": [dict(APP, args={"ingress": {"max_waiting_requests": 5}})]})
+    shedding = shedding_for_config({"applications": [dict(APP, args={"ingress": {"max_waiting_requests": 5}})]}).apps[0]
     assert (shedding.max_requests_per_replica, shedding.max_queue_wait_s, shedding.retry_after_s) == (15, 2.0, 2)
 
 
-def test_several_applications_get_the_largest_bound_and_their_own_routes():
+def test_several_applications_each_get_their_own_bound_and_routes():
+    """(tests/unit/test_proxy_shedding_backends.py: in the HAProxy config, each in its own backend only)"""
     apps = [dict(APP, name="a", args={"ingress": {"max_inflight_requests": 8, "max_wait_s": 1}}),
             dict(APP, name="b", route_prefix="/b/", args={"ingress": {"max_inflight_requests": 4, "retry_after_s": 5}}),
             {"name": "other", "route_prefix": "/o", "import_path": "elsewhere:app"}]
     shedding = shedding_for_config({"applications": apps})
-    assert (shedding.max_requests_per_replica, shedding.max_queue_wait_s, shedding.retry_after_s) == (8, 2.0, 5)
-    assert "/b/translation" in shedding.model_paths and "/translation" in shedding.model_paths
-    assert shedding.model_path_prefixes == ("/models/", "/b/models/")
-    assert shedding.probe_paths == ("/healthz", "/readyz", "/b/healthz", "/b/readyz")
-    assert not any(path.startswith("/o") for path in shedding.model_paths)
+    a, b = shedding.app("a"), shedding.app("b")
+    assert [app.backend for app in shedding.apps] == ["http-a", "http-b"]
+    assert (a.max_requests_per_replica, a.max_queue_wait_s, a.retry_after_s) == (8, 1.0, 2)
+    assert (b.max_requests_per_replica, b.max_queue_wait_s, b.retry_after_s) == (4, 2.0, 5)
+    assert "/translation" in a.model_paths and "/b/translation" not in a.model_paths
+    assert "/b/translation" in b.model_paths and "/translation" not in b.model_paths
+    assert (a.model_path_prefixes, b.model_path_prefixes) == (("/models/",), ("/b/models/",))
+    assert b.probe_paths == ("/b/healthz", "/b/readyz")
+    assert not any(path.startswith("/o") for app in shedding.apps for path in app.model_paths)
 
 
 def test_no_serve_app_application_leaves_haproxy_as_ray_configures_it():
     other = {"applications": [{"name": "x", "import_path": "elsewhere:app"}]}
     assert shedding_for_config(other) is None
     # (serve_app/proxy.py sets the value; test_proxy.py: where, and that a user's own value wins)
-    assert shedding_for_config({"applications": [APP]}).fastinter_value().startswith("250ms maxconn 64\n")
+    value = shedding_for_config({"applications": [APP]}).fastinter_value()
+    assert value.startswith('250ms\n    .if streq("${.SECTION}","http-serve-app")\n    default-server maxconn 64\n')
+    assert value.endswith("\n    .endif\n    default-server fastinter 250ms")
+
+
+def test_backend_names_are_the_ones_ray_gives_an_application_s_backend():
+    haproxy_module = pytest.importorskip("ray.serve._private.haproxy")
+    for app in ("serve-app", "default", "a b#c/d", "ünï"):
+        assert backend_name(app) == haproxy_module.HAProxyManager.get_safe_name(f"http-{app}")
 
 
 # --- the HAProxy that Ray 2.60 configures with it ------------------------------------------------
@@ -134,7 +147,7 @@ def haproxy_in_front(tmp_path, request):
         has_received_servers=True, health_check_fastinter=SHEDDING.fastinter_value(),
         **({"retry_on": proxy.haproxy_retry_policy(request.param)} if hasattr(request, "param") else {}))
     backend = haproxy_module.BackendConfig(
-        name="serve-app", path_prefix="/", app_name="serve-app",
+        name=backend_name("serve-app"), path_prefix="/", app_name="serve-app",
         servers=[haproxy_module.ServerConfig(name="replica", host="127.0.0.1", port=replica.server_address[1])])
     api = haproxy_module.HAProxyApi(cfg, {"serve-app": backend}, config_file_path=str(tmp_path / "haproxy.cfg"))
     api._generate_config_file_internal()
@@ -168,12 +181,13 @@ def _queued(admin_socket) -> int:
         sock.sendall(b"show stat\n")
         text = b"".join(iter(lambda: sock.recv(65536), b"")).decode()
     rows = csv.DictReader(text.lstrip("# ").splitlines())
-    return sum(int(row["qcur"] or 0) for row in rows if row["pxname"] == "serve-app" and row["svname"] == "BACKEND")
+    return sum(int(row["qcur"] or 0) for row in rows
+               if row["pxname"] == backend_name("serve-app") and row["svname"] == "BACKEND")
 
 
 #: The queue's wait long enough that the tests' steps fit in it on a loaded machine (1.5 s did not: a queued request
 #: timed out before the next one was counted in the queue while ci-local ran beside the unit tests)
-SHEDDING = ProxyShedding(max_requests_per_replica=2, max_queue_wait_s=4.0, retry_after_s=3)
+SHEDDING = ProxyShedding((AppShedding(max_requests_per_replica=2, max_queue_wait_s=4.0, retry_after_s=3),))
 
 
 def _post(url: str, path: str = "/translation") -> httpx.Response:

@@ -97,14 +97,14 @@ def test_the_launcher_gives_the_proxy_the_ingress_replicas_bound_from_its_config
     seen = {}
 
     def proxy_environment(choice, run_dir, *a, shedding=None):
-        seen["shedding"] = shedding
+        seen["shedding"] = shedding.app("serve-app")
         return "haproxy", {}
 
     monkeypatch.setattr(os, "environ", os.environ.copy())
     monkeypatch.setattr(run, "_serve", lambda ns: 0)
     monkeypatch.setattr(run, "proxy_environment", proxy_environment)
     assert run.main(["serve_config.placed.yaml"]) == 0
-    assert seen["shedding"].max_requests_per_replica == 256 and seen["shedding"].max_queue_wait_s == 2.0
+    assert (seen["shedding"].max_requests_per_replica, seen["shedding"].max_queue_wait_s) == (256, 2.0)
 
 
 def _fake_actor(sent: list, reports: dict):
