@@ -29,7 +29,7 @@ from .backends.continuous_decoder import DecodeRequest
 from .backends.heap import DECODING_TRIM_AFTER_TOKENS, trim_after_batch
 from .backends.segments import mark_cut
 from .continuous_steps import Call, StepOutcome, claim_failing, drop_every_row
-from .errors import describe_exception, settle
+from .errors import ReplicaStopped, describe_exception, settle
 from .priority import Priority
 
 logger = logging.getLogger("ray.serve")
@@ -101,8 +101,7 @@ class ContinuousScheduler:
             requests.append(DecodeRequest(list(ids), int(max_new), min_new, bos, tag=(call, index)))
         with self._cond:
             if self._closed:
-                raise (BackendError(str(self._broken)) if self._broken
-                       else RuntimeError("the decoding thread is shut down"))
+                raise BackendError(str(self._broken)) if self._broken else ReplicaStopped("decoding is shut down")
             self._waiting.setdefault(call.priority, deque()).extend(requests)
             self._cond.notify()
         return call.future
@@ -120,11 +119,13 @@ class ContinuousScheduler:
             counts = {p: sum(not r.tag[0].future.done() for r in q) for p, q in self._waiting.items()}
         return {p: n for p, n in counts.items() if n}
 
-    def shutdown(self) -> None:
+    def shutdown(self, wait_s: float = 10.0) -> None:
+        """Stop after the step under way: calls not answered fail, new ones are refused (ReplicaStopped); waits up to
+        `wait_s` for the thread to end (0: not at all, as the replica's teardown does not block its event loop)."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-        self._thread.join(timeout=10)
+        self._thread.join(timeout=wait_s)
 
     # ------------------------------------------------------------------ the decoding thread
 
@@ -220,7 +221,7 @@ class ContinuousScheduler:
             with self._cond:  # then `submit` refuses calls (the message withheld: it may quote a request)
                 self._closed, self._broken = True, BackendError(
                     f"continuous decoding stopped for {self.backend.model_id!r}: {describe_exception(exc)}")
-        self._fail_all(self._broken or RuntimeError("the decoding thread is shut down"), self._joining)
+        self._fail_all(self._broken or ReplicaStopped("decoding is shut down"), self._joining)
 
     def _iterate(self, joining: list[DecodeRequest], rebuild: bool = True) -> None:
         start, cpu_start, self.iteration_began = time.perf_counter(), time.thread_time(), time.monotonic()
@@ -281,8 +282,7 @@ class ContinuousScheduler:
             settle(call.future, error)
 
     def _fail_all(self, error: BaseException, joining: Sequence[DecodeRequest] = ()) -> None:
-        """The thread stops: every call it holds fails. Reported `fatal` if an error stopped it (health fails at once:
-        Serve replaces the replica), else (shut down) only for the records' tallies."""
+        """The thread stops: every call it holds fails; `fatal` if an error stopped it (Serve replaces the replica)."""
         with self._cond:
             waiting = [r for q in self._waiting.values() for r in q]
             self._waiting.clear()

@@ -125,8 +125,8 @@ class ContinuousTranslation:
             raise RuntimeError(f"continuous decoding: one iteration has been running for {running_s:.0f} s "
                                f"(over {hung_after_s:g} s): taken for hung")
 
-    def shutdown(self) -> None:
-        self.scheduler.shutdown()
+    def shutdown(self, wait_s: float = 10.0) -> None:
+        self.scheduler.shutdown(wait_s)
 
     # ------------------------------------------------------------------ bookkeeping
 

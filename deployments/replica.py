@@ -266,9 +266,18 @@ class ModelReplica:
 
     def __del__(self) -> None:
         """Serve calls this at the end of a graceful shutdown (see ReplicaHealth.shut_down)."""
-        health = getattr(self, "health", None)  # None: the constructor failed before making it
+        self._shut_down()
+
+    def _shut_down(self) -> None:
+        """The replica's teardown (Serve's graceful shutdown is over): its health check fails from now on and what
+        computes for it stops, without blocking the event loop it runs on. (Its parts are None where the constructor
+        failed before making them.) The model queue computes the calls it holds; later ones are refused."""
+        health = getattr(self, "health", None)
         if health is not None:
             health.shut_down()
+        queue = getattr(self, "_model_thread", None)
+        if queue is not None:
+            queue.shutdown()
 
     def batching_info(self) -> dict:
         info = self.batch_config.user_config()

@@ -36,8 +36,9 @@ def _start_together(replica, loop, *chunks) -> list[asyncio.Task]:
     return tasks
 
 
-def _settled(loop, task):
-    return loop.run_until_complete(asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 30))[0]
+def _settled(loop, task, timeout_s: float = 30.0):
+    """What `task` returned or raised."""
+    return loop.run_until_complete(asyncio.wait_for(asyncio.gather(task, return_exceptions=True), timeout_s))[0]
 
 
 def test_a_failed_steps_records_are_counted_failed_and_those_it_had_finished_computed(translator, loop):
