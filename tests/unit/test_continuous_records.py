@@ -10,6 +10,7 @@ import pytest
 
 from deployments.backends.base import BackendError
 from deployments.batching import Chunk
+from tests.support import until
 
 from . import fake_decoder
 
@@ -29,10 +30,10 @@ def _tallies(replica) -> tuple[int, int, int, int]:
 def _start_together(replica, loop, *chunks) -> list[asyncio.Task]:
     """Tasks translating `chunks`, all queued before the decoding thread takes any (so they join one step)."""
     scheduler = replica._continuous.scheduler
+    records = sum(len(chunk.texts) for chunk in chunks)
     with scheduler._cond:  # (re-entrant: the loop runs on this thread)
         tasks = [loop.create_task(replica.translate(chunk)) for chunk in chunks]
-        while sum(scheduler.waiting().values()) < sum(len(chunk.texts) for chunk in chunks):
-            loop.run_until_complete(asyncio.sleep(0))
+        loop.run_until_complete(until(lambda: sum(scheduler.waiting().values()) == records, interval_s=0))
     return tasks
 
 
