@@ -20,6 +20,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future
+from dataclasses import replace
 from typing import Callable, Optional, Sequence
 
 from .backends.base import BackendError
@@ -27,8 +28,8 @@ from .backends.cache_projection import CacheProjection
 from .backends.continuous_decoder import DecodeRequest
 from .backends.heap import DECODING_TRIM_AFTER_TOKENS, trim_after_batch
 from .backends.segments import mark_cut
-from .continuous_steps import Call, StepOutcome
-from .errors import describe_exception, settle
+from .continuous_steps import Call, StepOutcome, claim_failing, drop_every_row
+from .errors import ReplicaStopped, describe_exception, settle
 from .priority import Priority
 
 logger = logging.getLogger("ray.serve")
@@ -100,8 +101,7 @@ class ContinuousScheduler:
             requests.append(DecodeRequest(list(ids), int(max_new), min_new, bos, tag=(call, index)))
         with self._cond:
             if self._closed:
-                raise (BackendError(str(self._broken)) if self._broken
-                       else RuntimeError("the decoding thread is shut down"))
+                raise BackendError(str(self._broken)) if self._broken else ReplicaStopped("decoding is shut down")
             self._waiting.setdefault(call.priority, deque()).extend(requests)
             self._cond.notify()
         return call.future
@@ -119,11 +119,13 @@ class ContinuousScheduler:
             counts = {p: sum(not r.tag[0].future.done() for r in q) for p, q in self._waiting.items()}
         return {p: n for p, n in counts.items() if n}
 
-    def shutdown(self) -> None:
+    def shutdown(self, wait_s: float = 10.0) -> None:
+        """Stop after the step under way: calls not answered fail, new ones are refused (ReplicaStopped); waits up to
+        `wait_s` for the thread to end (0: not at all, as the replica's teardown does not block its event loop)."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-        self._thread.join(timeout=10)
+        self._thread.join(timeout=wait_s)
 
     # ------------------------------------------------------------------ the decoding thread
 
@@ -213,15 +215,13 @@ class ContinuousScheduler:
                 rebuild = joining is not None
                 self._steps_since_join, self._steps = 0 if rebuild else self._steps_since_join + 1, self._steps + 1
                 self._iterate(joining or [], rebuild)
-                self.iteration_began = None
+                self.iteration_began, self._joining = None, []  # (joined, or failed with the step: not to fail again)
         except BaseException as exc:  # noqa: BLE001 - outside a step's own handling: no call would ever be answered
             logger.error("continuous decoding stopped: this replica decodes nothing more: %s", describe_exception(exc))
             with self._cond:  # then `submit` refuses calls (the message withheld: it may quote a request)
                 self._closed, self._broken = True, BackendError(
                     f"continuous decoding stopped for {self.backend.model_id!r}: {describe_exception(exc)}")
-        self._fail_all(self._broken or RuntimeError("the decoding thread is shut down"), self._joining)
-        if self._broken is not None:  # health fails at once: Serve replaces the replica
-            self._report(StepOutcome(0, 0, 0, {}, 0.0, 0.0, 0, failed=True, error=self._broken, fatal=True))
+        self._fail_all(self._broken or ReplicaStopped("decoding is shut down"), self._joining)
 
     def _iterate(self, joining: list[DecodeRequest], rebuild: bool = True) -> None:
         start, cpu_start, self.iteration_began = time.perf_counter(), time.thread_time(), time.monotonic()
@@ -243,7 +243,8 @@ class ContinuousScheduler:
             logger.error("continuous decoding step failed: %s", describe_exception(exc))
             error = BackendError(f"generation failed for {self.backend.model_id!r}: {type(exc).__name__}: {exc}")
             took, cpu = time.perf_counter() - start, time.thread_time() - cpu_start
-            self._fail_running(error, joining, StepOutcome(0, len(joining), 0, {}, took, cpu, 0, dropped, True, error))
+            self._fail_running(error, joining, StepOutcome(0, len(joining), 0, {}, took, cpu, 0, dropped, True, error),
+                               counted=frozenset(gone))
             return
         by_priority: dict[int, int] = {}
         done = []
@@ -271,24 +272,24 @@ class ContinuousScheduler:
             result = exc
         settle(call.future, result)
 
-    def _fail_running(self, error: BaseException, extra: Sequence = (), outcome: Optional[StepOutcome] = None) -> None:
-        """The running (and `extra`) sequences' calls fail with `error`: rows dropped, `outcome` reported, answered."""
-        calls = {id(r.request.tag[0]): r.request.tag[0] for r in self.decoder.rows}
-        calls.update({id(r.tag[0]): r.tag[0] for r in extra})
-        try:
-            self.decoder.drop({r.request.tag for r in self.decoder.rows})
-        except Exception:  # noqa: BLE001 - e.g. no memory to reshuffle the caches: start again from empty ones
-            logger.exception("continuous decoding: dropping the failed rows failed; the running batch is reset")
-            self.decoder._reset()  # both engines' (continuous_decoder.py, slot_decoder.py): no rows, empty caches
-        self._report(outcome)
-        for call in calls.values():
+    def _fail_running(self, error: BaseException, extra: Sequence, outcome: StepOutcome, counted=frozenset()) -> None:
+        """The running (and `extra`) sequences' calls fail with `error`: rows dropped, `outcome` reported with the
+        sequences that failed and the cancelled ones taken out (less the `counted` tags), answered."""
+        failing, failed, dropped = claim_failing([r.request for r in self.decoder.rows] + list(extra), counted)
+        drop_every_row(self.decoder)
+        self._report(replace(outcome, failed_records=failed, dropped=outcome.dropped + dropped))
+        for call in failing:
             settle(call.future, error)
 
     def _fail_all(self, error: BaseException, joining: Sequence[DecodeRequest] = ()) -> None:
+        """The thread stops: every call it holds fails; `fatal` if an error stopped it (Serve replaces the replica)."""
         with self._cond:
             waiting = [r for q in self._waiting.values() for r in q]
             self._waiting.clear()
-        self._fail_running(error, extra=waiting + list(joining))
+            dropped, self._dropped = self._dropped, 0
+        fatal = self._broken is not None
+        self._fail_running(error, waiting + list(joining),
+                           StepOutcome(0, 0, 0, {}, 0.0, 0.0, 0, dropped, fatal, self._broken, fatal))
 
     def _report(self, outcome: Optional[StepOutcome]) -> None:
         try:

@@ -94,7 +94,7 @@ class ContinuousTranslation:
         priority = Priority.BACKGROUND if background else Priority.INTERACTIVE
         future = self.scheduler.submit(chunk.texts, chunk.source, chunk.target, priority)
         # Counted once taken (submit refuses a call it cannot take: a stopped thread, an unsupported pair), so
-        # that enqueued = computed + cancelled; before the step's bookkeeping, which runs on this loop.
+        # that enqueued = computed + cancelled + failed; before the step's bookkeeping, which runs on this loop.
         replica._stats["enqueued"] += records
         replica.metrics.count_enqueued(records)
         try:
@@ -125,8 +125,8 @@ class ContinuousTranslation:
             raise RuntimeError(f"continuous decoding: one iteration has been running for {running_s:.0f} s "
                                f"(over {hung_after_s:g} s): taken for hung")
 
-    def shutdown(self) -> None:
-        self.scheduler.shutdown()
+    def shutdown(self, wait_s: float = 10.0) -> None:
+        self.scheduler.shutdown(wait_s)
 
     # ------------------------------------------------------------------ bookkeeping
 
@@ -144,6 +144,8 @@ class ContinuousTranslation:
         stats["model_cpu_s"] += outcome.cpu_seconds
         stats["cancelled"] += outcome.dropped
         replica.metrics.count_cancelled(outcome.dropped)
+        if outcome.failed_records:  # (a failed step's, or those of calls the decoding thread had when it stopped)
+            replica._count_failed(outcome.failed_records)
         on = self._instruments
         if on is not None:  # a failed step emptied the caches too (the outcome says 0)
             on.cached_tokens.set(outcome.cached_tokens, tags=self._tags)

@@ -16,6 +16,12 @@ class ModelContractError(RuntimeError):
     """A user's `predict` broke its contract (wrong number or shape of outputs)."""
 
 
+class ReplicaStopped(RuntimeError):
+    """The replica is stopping (its teardown ran: ModelReplica._shut_down): a call it refused, or one still waiting for
+    the continuous decoder, was never computed. The ingress tries another replica once, as after a replica's death,
+    then answers 503 + Retry-After (serve_app/model_clients.py)."""
+
+
 def deliverable(exc: BaseException) -> BaseException:
     """`exc` as a caller's future may carry it. asyncio refuses StopIteration on a future (a TypeError in
     a callback: the caller would wait until its deadline), and a SystemExit or KeyboardInterrupt set there

@@ -15,6 +15,13 @@ from .priority import Priority
 if TYPE_CHECKING:
     from .replica import ModelReplica
 
+SERVE_REFUSED_ITEM = "Size of item is greater than max_batch_size"  # Serve 2.60's refusal (ray/serve/batching.py)
+
+
+def refused(exc: BaseException) -> bool:
+    """Serve's refusal of a queued item larger than its queue's max_batch_size: nothing of it was computed."""
+    return isinstance(exc, RuntimeError) and str(exc).startswith(SERVE_REFUSED_ITEM)
+
 
 class Ticket:
     """One call through the intake, as `ModelReplica._enqueue` finds it (`replica._tickets`, by the item's id): its
@@ -79,6 +86,13 @@ class TrackedBatchMethod:
             ticket.abandoned = True
             if ticket.future is None or ticket.future.cancel():  # never handed over, or not started: never computed
                 self._count_dropped(records)
+            raise
+        except Exception as exc:
+            # The intake raised before the model queue had the call (its thread shut down, Serve's batch queue failed):
+            # never computed, so failed. A piece Serve refused is its caller's to count: it may be cut and sent again
+            # (ModelReplica._submit_pieces). Once the model queue has it, the batch's bookkeeping counts it.
+            if ticket.future is None and not refused(exc):
+                replica._count_failed(records)
             raise
         finally:
             if interactive:

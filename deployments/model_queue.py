@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional, Union
 
 from .backends.libc import name_native_thread
 from .batching import RanAlone
-from .errors import deliverable
+from .errors import ReplicaStopped, deliverable
 from .priority import Priority
 
 logger = logging.getLogger("ray.serve")
@@ -119,7 +119,7 @@ class ModelQueue:
         entries = [_Entry(item, records, compute, records if fixed is None else fixed) for item, records in calls]
         with self._ready:
             if self._closed:
-                raise RuntimeError("the model thread is shut down")
+                raise ReplicaStopped("the model thread is shut down")
             self._waiting.setdefault(int(priority), deque()).extend(entries)
             self._ready.notify()
         return [entry.future for entry in entries]
@@ -148,6 +148,7 @@ class ModelQueue:
             raise RuntimeError(f"{self._thread.name}: the model thread has stopped")
 
     def shutdown(self) -> None:
+        """The thread computes the calls already waiting, then ends; later ones are refused (ReplicaStopped)."""
         with self._ready:
             self._closed = True
             self._ready.notify_all()

@@ -20,7 +20,7 @@ from .adaptive_batching import AIMDBatchSizer, AIMDSettings
 from .batch_config import BatchConfig, parse_batch_config
 from .batching import gather_or_cancel, split
 from .health import ReplicaHealth
-from .intake import Ticket, TrackedBatchMethod, abandoned, own_queue, records_of
+from .intake import Ticket, TrackedBatchMethod, abandoned, own_queue, records_of, refused
 from .metrics import ReplicaMetrics
 from .model_queue import BatchOutcome, Compute, ModelQueue
 from .priority import InteractiveGate, Priority, cap_for, priority_of
@@ -52,9 +52,6 @@ def threads_for_share(share: float, override: Optional[int] = None) -> int:
     if override:
         return int(override)
     return max(1, math.ceil(share - 1e-9))
-
-
-SERVE_REFUSED_ITEM = "Size of item is greater than max_batch_size"  # Serve 2.60's refusal (ray/serve/batching.py)
 
 
 #: how long `reconfigure` (on Serve's worker thread) waits for a busy loop to apply a deploy's knobs
@@ -172,10 +169,13 @@ class ModelReplica:
             try:
                 return [await batched(make_item(piece), counted=counted)]
             except RuntimeError as exc:
-                size = self._size_for(batched, self.live_max_batch_size())
                 # Serve's refusal only: a model's own RuntimeError (torch's out of memory, a broken contract)
                 # is its caller's answer, not a reason to compute the piece again in parts
-                if len(piece) <= size or not str(exc).startswith(SERVE_REFUSED_ITEM):
+                if not refused(exc):
+                    raise
+                size = self._size_for(batched, self.live_max_batch_size())
+                if len(piece) <= size:  # refused at a size since grown back: not cut again, and never computed
+                    self._count_failed(len(piece))
                     raise
                 parts = await gather_or_cancel(*(submit(part, counted=True) for part in split(piece, size)))
                 return [result for part in parts for result in part]
@@ -234,9 +234,7 @@ class ModelReplica:
             pass
 
     def _record_batch(self, outcome: BatchOutcome) -> None:
-        failed = outcome.records if outcome.failed else outcome.failed_records  # (their callers got the error)
-        self._stats["failed"] += failed
-        self.metrics.count_failed(failed)
+        self._count_failed(outcome.records if outcome.failed else outcome.failed_records)  # (callers got the error)
         if outcome.failed:
             self.metrics.failed()
             if not outcome.inputs_blamed:  # (blamed: the model computed as large a known-good call right after)
@@ -256,6 +254,11 @@ class ModelReplica:
         if (sizer := self._sizer) is not None and not background and not (outcome.rerun and outcome.failed_records):
             sizer.observe(math.inf if outcome.rerun else outcome.seconds, outcome.records, outcome.full)
 
+    def _count_failed(self, records: int) -> None:
+        """Records that will never be computed, their callers answered with an error."""
+        self._stats["failed"] += records
+        self.metrics.count_failed(records)
+
     def check_health(self) -> None:
         """Serve calls this every health_check_period_s; raising marks the replica unhealthy."""
         self.health.check()
@@ -263,9 +266,18 @@ class ModelReplica:
 
     def __del__(self) -> None:
         """Serve calls this at the end of a graceful shutdown (see ReplicaHealth.shut_down)."""
-        health = getattr(self, "health", None)  # None: the constructor failed before making it
+        self._shut_down()
+
+    def _shut_down(self) -> None:
+        """The replica's teardown (Serve's graceful shutdown is over): its health check fails from now on and what
+        computes for it stops, without blocking the event loop it runs on. (Its parts are None where the constructor
+        failed before making them.) The model queue computes the calls it holds; later ones are refused."""
+        health = getattr(self, "health", None)
         if health is not None:
             health.shut_down()
+        queue = getattr(self, "_model_thread", None)
+        if queue is not None:
+            queue.shutdown()
 
     def batching_info(self) -> dict:
         info = self.batch_config.user_config()

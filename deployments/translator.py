@@ -61,6 +61,11 @@ class Translator(ModelReplica):
     def _batched_methods(self):
         return [self._translate_batch, self._translate_background_batch]
 
+    def _shut_down(self) -> None:
+        super()._shut_down()
+        if getattr(self, "_continuous", None) is not None:  # the decoding loop ends after its step; callers still
+            self._continuous.shutdown(wait_s=0)  # waiting get ReplicaStopped (the ingress tries another replica)
+
     def check_health(self) -> None:
         super().check_health()
         if self._continuous is not None:  # its decoding loop, not the model thread, computes

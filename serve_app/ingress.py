@@ -82,6 +82,8 @@ class Ingress:
         """Serve calls this at the end of a graceful shutdown."""
         if hasattr(self, "health"):
             self.health.shut_down()
+        if hasattr(self, "placed"):  # their decoding loops and model threads stop too
+            self.placed.shut_down()
 
     async def call_placed(self, name: str, method: str, *args: Any, **kwargs: Any) -> Any:
         """A call to a model placed in this Ingress from another deployment (the JobManager's job work)."""

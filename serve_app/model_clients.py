@@ -15,10 +15,10 @@ import logging
 import time
 from typing import Any, Optional, Protocol
 
-from deployments.errors import describe_exception
+from deployments.errors import ReplicaStopped, describe_exception
 
 from ._router_state import replicas_known, taken
-from .errors import InternalError, ModelUnavailable, Overloaded, ServeAppError
+from .errors import InternalError, ModelUnavailable, Overloaded, ServeAppError, ShuttingDown
 
 logger = logging.getLogger("serve_app")
 
@@ -37,7 +37,7 @@ class ModelClient(Protocol):
 
 class HandleClient:
     """A DeploymentHandle plus the error mapping. Model methods are idempotent, so a
-    call whose replica died is retried once on another (or the restarted) replica."""
+    call whose replica died, or stopped before computing it, is retried once on another (or the restarted) replica."""
 
     def __init__(self, name: str, handle: Any, *, retry_after_s: int = 2, retries_on_replica_death: int = 1,
                  retry_timeout_s: float = 8.0):
@@ -117,26 +117,29 @@ class HandleClient:
                     f"{self.name} call was cancelled by Serve; retry after {self._retry_after_s} s.",
                     retry_after_s=self._retry_after_s,
                 ) from None
-            except (ActorDiedError, ActorUnavailableError, RayActorError) as exc:
-                self._signal_replica_failure()
+            except (ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError) as exc:
+                # A replica's teardown fails what it did not compute with ReplicaStopped: retried as after its death
+                stopped = isinstance(getattr(exc, "cause", None), ReplicaStopped)
+                if isinstance(exc, RayTaskError) and not stopped:
+                    raise self._task_error(exc, method) from None
+                if not stopped:  # (a stop is no failure: the other calls it holds get ReplicaStopped themselves)
+                    self._signal_replica_failure()
                 if attempt < self._retries:
-                    attempt += 1
-                    self.retried += 1
-                    logger.warning("%s replica died during %s; retrying once: %s", self.name, method,
-                                   type(exc).__name__)
+                    attempt, self.retried = attempt + 1, self.retried + 1
+                    logger.warning("%s replica %s during %s; retrying once: %s", self.name,
+                                   "stopped" if stopped else "died", method, type(exc).__name__)
                     continue
                 self.retries_failed += 1
-                raise ModelUnavailable(
-                    f"{self.name} replica failed while serving the request; retry after {self._retry_after_s} s.",
-                    retry_after_s=self._retry_after_s,
-                ) from None
-            except RayTaskError as exc:
-                if isinstance(exc.cause, ServeAppError):
-                    # The deployment answered with one of our errors (e.g. job_not_found): pass it on.
-                    raise exc.cause from None
-                logger.error("%s.%s raised %s; the replica's log has the traceback", self.name, method,
-                             describe_exception(exc))
-                raise InternalError(f"{self.name} failed on this request; the error has been logged.") from None
+                raise ModelUnavailable(f"{self.name} replica {'stopped' if stopped else 'failed'} while serving the "
+                                       f"request; retry after {self._retry_after_s} s.",
+                                       retry_after_s=self._retry_after_s) from None
+
+    def _task_error(self, exc: Any, method: str) -> ServeAppError:
+        """What the caller gets for an exception the model's method raised (a RayTaskError's `cause`)."""
+        if isinstance(exc.cause, ServeAppError):  # one of our errors (e.g. job_not_found): passed on
+            return exc.cause
+        logger.error("%s.%s raised %s; the replica's log has the traceback", self.name, method, describe_exception(exc))
+        return InternalError(f"{self.name} failed on this request; the error has been logged.")
 
     def _signal_replica_failure(self) -> None:
         if self._replica_failed is not None and not self._replica_failed.done():
@@ -230,9 +233,10 @@ class LocalClient:
     Cancelling the awaiting task cancels the call as through a handle: its records still waiting
     in the model queue are dropped, never computed."""
 
-    def __init__(self, name: str, replica: Any):
+    def __init__(self, name: str, replica: Any, retry_after_s: int = 2):
         self.name = name
         self.replica = replica
+        self._retry_after_s = retry_after_s
 
     async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -242,6 +246,9 @@ class LocalClient:
             return result
         except (ServeAppError, asyncio.CancelledError):
             raise
+        except ReplicaStopped:  # the Ingress replica it is placed in is stopping: another one will answer
+            raise ShuttingDown(f"{self.name} stopped with this replica; retry after {self._retry_after_s} s.",
+                               retry_after_s=self._retry_after_s) from None
         except Exception as exc:
             logger.error("%s.%s raised %s", self.name, method, describe_exception(exc))
             raise InternalError(f"{self.name} failed on this request; the error has been logged.") from None

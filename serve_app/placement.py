@@ -38,16 +38,16 @@ class PlacedModels:
     Ingress's `user_config`) sets them."""
 
     def __init__(self, settings: AppSettings):
-        placed = settings.placed_in_ingress()
+        placed, retry = settings.placed_in_ingress(), settings.ingress.retry_after_s
         self.clients: dict[str, LocalClient] = {}
         for name, cls, section in (("Translator", Translator, settings.translation),
                                    ("Embedder", Embedder, settings.embeddings)):
             if name in placed:
-                self.clients[name] = LocalClient(name, cls.func_or_class(section.model_dump()))
+                self.clients[name] = LocalClient(name, cls.func_or_class(section.model_dump()), retry)
         for spec in settings.models:  # custom models (`models:`), as their `Model.<name>` replica
             name = deployment_name(spec.name)
             if name in placed:
-                self.clients[name] = LocalClient(name, CustomModel.func_or_class(spec.model_dump()))
+                self.clients[name] = LocalClient(name, CustomModel.func_or_class(spec.model_dump()), retry)
 
     def names(self) -> list[str]:
         return sorted(self.clients)
@@ -67,6 +67,11 @@ class PlacedModels:
     def check_health(self) -> None:
         for client in self.clients.values():
             client.replica.check_health()
+
+    def shut_down(self) -> None:
+        """The Ingress replica's teardown is each placed model's (ModelReplica._shut_down)."""
+        for client in self.clients.values():
+            client.replica._shut_down()
 
     async def call(self, name: str, method: str, *args: Any, **kwargs: Any) -> Any:
         if name not in self.clients:

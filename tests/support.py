@@ -1,7 +1,9 @@
-"""Helpers shared by the integration and chaos tiers: waiting on an event, Ray's metrics."""
+"""Helpers shared by the test tiers: waiting on an event (`wait_for`; `until`, on an event loop), Ray's metrics."""
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import os
 import signal
 import subprocess
@@ -62,6 +64,20 @@ def wait_for(condition: Callable[[], Any], timeout_s: float, what: str, interval
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
         time.sleep(interval_s)
+
+
+async def until(condition: Callable[[], Any], timeout_s: float = 5.0, interval_s: float = 0.005) -> None:
+    """On the running event loop, look at `condition()` every `interval_s` (0: at every turn of the loop) until it
+    holds, for at most `timeout_s` (then TimeoutError): for state a test can only observe by looking. `condition`
+    may be a coroutine function."""
+    async with asyncio.timeout(timeout_s):
+        while True:
+            held = condition()
+            if inspect.isawaitable(held):
+                held = await held
+            if held:
+                return
+            await asyncio.sleep(interval_s)
 
 
 def scrape(url: str, listening_within_s: float = 30.0) -> dict[tuple[str, tuple], float]:

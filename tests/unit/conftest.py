@@ -67,6 +67,13 @@ def loop():
     """
     loop = asyncio.new_event_loop()
     yield loop
+    # Serve's batch queues wait on this loop for good: cancelled and run out before it closes, or one collected later
+    # (a failed batch's traceback keeps it in a reference cycle) tries to cancel its wait on the closed loop.
+    pending = asyncio.all_tasks(loop)
+    for task in pending:
+        task.cancel()
+    if pending:  # (gather of nothing is a future of another loop)
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
     loop.close()
 
 

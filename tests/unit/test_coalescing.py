@@ -1,12 +1,14 @@
 """Concurrent requests' records share calls to a model once enough calls are in flight."""
 
 import asyncio
+import functools
 
 import pytest
 
 from serve_app.coalescing import CallCoalescer
 from serve_app.errors import InternalError, ModelUnavailable
 from serve_app.schemas import TranslationPayload
+from tests import support
 from tests.unit.fakes import FakeTranslator, install
 
 
@@ -33,10 +35,8 @@ def coalescer(model, *, max_records=4, max_inflight_calls=1):
                          max_records=max_records, max_inflight_calls=max_inflight_calls)
 
 
-async def until(condition, timeout_s: float = 5.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not condition():
-            await asyncio.sleep(0)
+#: at every turn of the loop (the coalescer's state can move on at each one, and some tests check a passing state)
+until = functools.partial(support.until, interval_s=0)
 
 
 def test_below_the_limit_calls_go_out_at_once(loop):

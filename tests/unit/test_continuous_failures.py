@@ -14,6 +14,7 @@ import pytest
 
 from deployments.backends.base import BackendError
 from deployments.batching import Chunk
+from tests.support import until
 
 from .test_continuous_scheduling import Steps, continuous_translator, scheduler_for  # noqa: F401 - fixtures
 from .test_transformers_backend import TEXTS
@@ -127,10 +128,7 @@ def _translate_fails(replica, loop, texts) -> BackendError:
 
 def _until(loop, condition) -> None:
     """Run the replica's loop (its bookkeeping runs there) until `condition()`, for at most 30 s."""
-    async def run():
-        while not condition():
-            await asyncio.sleep(0.01)
-    loop.run_until_complete(asyncio.wait_for(run(), 30))
+    loop.run_until_complete(until(condition, timeout_s=30.0, interval_s=0.01))
 
 
 def test_iterations_that_step_no_sentence_do_not_count_as_model_successes(continuous_translator, loop):

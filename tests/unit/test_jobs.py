@@ -15,6 +15,7 @@ from serve_app.jobs.job import IdempotencyKeyReused, JobFinished, JobNotFound, J
 from serve_app.jobs.runner import JobRunner
 from serve_app.jobs.store.sqlite import SqliteJobStore
 from serve_app.settings import load_settings
+from tests.support import until as _until
 from tests.unit.fakes import FakeEmbedder, FakeTranslator
 
 
@@ -46,12 +47,6 @@ async def _finished(runner, job_id, owner="anonymous"):
     if task is not None:
         await asyncio.gather(task, return_exceptions=True)
     return await runner.get(job_id, owner)
-
-
-async def _until(condition, timeout_s=5):
-    async with asyncio.timeout(timeout_s):
-        while not await condition():
-            await asyncio.sleep(0.005)
 
 
 def test_a_translation_job_computes_in_chunks_in_the_background_and_keeps_order(tmp_path):

@@ -132,7 +132,7 @@ def test_result_pages_are_built_a_few_at_once_and_fair_between_keys(tmp_path):
     PAGE_READS_AT_ONCE at a time, at most half of them for one key, so another key's read is not queued behind."""
     from serve_app.jobs.reads import PAGE_READS_AT_ONCE
     from .test_jobs import _finished
-    from .test_jobs_recovery import _until
+    from tests.support import until
 
     async def scenario():
         runner, _, _ = await _runner(tmp_path)
@@ -154,9 +154,9 @@ def test_result_pages_are_built_a_few_at_once_and_fair_between_keys(tmp_path):
             flood = [asyncio.ensure_future(runner.get(a, "k-a")) for _ in range(20)]
             half = PAGE_READS_AT_ONCE // 2
             slots = runner._page_reads
-            await _until(lambda: building.count(a) == half and len(slots._waiting) == 20 - half)
+            await until(lambda: building.count(a) == half and len(slots._waiting) == 20 - half)
             other = asyncio.ensure_future(runner.get(b, "k-b"))
-            await _until(lambda: b in building)
+            await until(lambda: b in building)
             assert building.count(b) == 1 and building.count(a) == half, building
             gate.set()
             views = await asyncio.gather(*flood, other)

@@ -13,6 +13,7 @@ from serve_app.jobs.job import FINISHED
 from serve_app.jobs.runner import JobRunner
 from serve_app.jobs.store.sqlite import SqliteJobStore
 from serve_app.settings import load_settings
+from tests.support import until as _until
 from tests.unit.fakes import FakeEmbedder, FakeTranslator
 from tests.unit.test_jobs import Clock, _translation
 
@@ -90,12 +91,6 @@ def _runner(tmp_path, translator=None) -> tuple[JobRunner, TroubledStore]:
     runner = JobRunner(settings, {"translation": translator or FakeTranslator(), "embeddings": FakeEmbedder()},
                        store=store, clock=clock)
     return runner, store
-
-
-async def _until(check, timeout_s: float = 5.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not check():
-            await asyncio.sleep(0.005)
 
 
 async def _finished(runner: JobRunner, job_id: str, timeout_s: float = 5.0) -> dict:

@@ -10,10 +10,11 @@ import asyncio
 import httpx
 import pytest
 
+from deployments.errors import ReplicaStopped
 from serve_app.api import app, set_service
 from serve_app.builder import build_app
 from serve_app.config_check import check_config
-from serve_app.errors import InternalError, ServeAppError
+from serve_app.errors import InternalError, ServeAppError, ShuttingDown
 from serve_app.ingress import build_service
 from serve_app.model_clients import LocalClient, ViaIngressClient
 from serve_app.placement import PlacedModels
@@ -147,6 +148,38 @@ def test_local_client_passes_our_errors_and_maps_the_rest():
         asyncio.run(client.call("ours"))
     with pytest.raises(InternalError, match="Translator failed"):
         asyncio.run(client.call("boom"))
+
+
+def test_a_model_stopping_with_its_ingress_replica_is_503_shutting_down():
+    class Replica:
+        async def translate(self):
+            raise ReplicaStopped("decoding is shut down")
+
+    client = LocalClient("Translator", Replica(), retry_after_s=3)
+    with pytest.raises(ShuttingDown, match="Translator stopped with this replica") as info:
+        asyncio.run(client.call("translate"))
+    assert info.value.status_code == 503 and info.value.retry_after_s == 3
+
+
+def test_the_ingress_teardown_stops_its_placed_models(placed_ingress):
+    """Serve runs the Ingress's destructor at the end of its graceful shutdown: the models placed in it stop too (a
+    continuous Translator's decoding loop would go on, and its callers wait, for nothing)."""
+    import inspect
+    from types import SimpleNamespace
+
+    from deployments.health import ReplicaHealth
+    from serve_app.ingress import Ingress
+
+    ingress, client, _ = placed_ingress
+    # the class's own destructor, which Serve's ASGI wrapper (an async __del__) calls
+    destructor = next(vars(c)["__del__"] for c in Ingress.func_or_class.__mro__
+                      if "__del__" in vars(c) and not inspect.iscoroutinefunction(vars(c)["__del__"]))
+    destructor(SimpleNamespace(health=ReplicaHealth("Ingress"), placed=ingress))
+    with pytest.raises(RuntimeError, match="finished its graceful shutdown"):
+        ingress.check_health()
+    resp = client.post("/translation", json={"payload": {"fromLang": "en", "toLang": "pt",
+                                                         "records": [{"id": "1", "text": "late"}]}})
+    assert resp.status_code == 503 and resp.json()["error_type"] == "shutting_down", resp.text
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
 """Interactive work goes ahead of background (job) work on a replica's model thread."""
 
 import asyncio
+import functools
 import threading
 import time
 from collections import deque
@@ -12,6 +13,7 @@ from deployments.model_queue import ModelQueue, _Entry
 from deployments.priority import Priority
 from deployments.settings import TranslationSettings
 from deployments.translator import Translator
+from tests.support import until
 
 
 def _run(fn):  # a compute function for ModelQueue.submit: each call's item is a callable; one output per call
@@ -162,11 +164,7 @@ class GatedBackend:
         return {}
 
 
-async def _until(condition, timeout_s: float = 10.0) -> None:
-    """Yield to the loop until `condition()` holds (state we can only observe by looking)."""
-    async with asyncio.timeout(timeout_s):
-        while not condition():
-            await asyncio.sleep(0.001)
+_until = functools.partial(until, timeout_s=10.0, interval_s=0.001)
 
 
 @pytest.fixture

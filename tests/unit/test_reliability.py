@@ -255,16 +255,28 @@ def _died():
     return ActorDiedError()
 
 
-def test_call_is_retried_once_after_replica_death():
-    handle = _Handle([_died(), "answer"])
+def _stopped():
+    """What a call gets from a replica whose teardown ran before it computed the call (deployments/replica.py)."""
+    from ray.exceptions import RayTaskError
+
+    from deployments.errors import ReplicaStopped
+
+    return RayTaskError("translate", "Traceback ...", ReplicaStopped("decoding is shut down"), proctitle="replica",
+                        pid=1, ip="127.0.0.1").as_instanceof_cause()
+
+
+@pytest.mark.parametrize("lost", [_died, _stopped], ids=["died", "stopped"])
+def test_call_is_retried_once_after_replica_death(lost):
+    handle = _Handle([lost(), "answer"])
     client = HandleClient("Translator", handle)
     assert asyncio.run(client.call("translate", "x")) == "answer"
     assert client.retried == 1 and len(handle.sent) == 2
 
 
-def test_second_death_is_503_with_retry_after():
-    client = HandleClient("Translator", _Handle([_died(), _died()]), retry_after_s=3)
-    with pytest.raises(ModelUnavailable) as info:
+@pytest.mark.parametrize("lost, told", [(_died, "failed"), (_stopped, "stopped")], ids=["died", "stopped"])
+def test_second_death_is_503_with_retry_after(lost, told):
+    client = HandleClient("Translator", _Handle([lost(), lost()]), retry_after_s=3)
+    with pytest.raises(ModelUnavailable, match=f"Translator replica {told} while serving") as info:
         asyncio.run(client.call("translate", "x"))
     assert info.value.retry_after_s == 3 and info.value.status_code == 503
 

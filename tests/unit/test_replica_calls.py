@@ -158,3 +158,29 @@ def test_a_batch_that_fails_at_its_size_backs_the_live_size_off(monkeypatch, loo
         translate()
     assert replica.live_max_batch_size() == 4
     assert translate() == [f"pt:t{i}" for i in range(8)]  # in pieces of 4
+
+
+@pytest.mark.parametrize("alone", [True, False], ids=["straight-to-the-model-queue", "through-serve-batch"])
+def test_records_whose_intake_raised_are_counted_failed(translator, loop, alone):  # noqa: F811
+    """A model thread shut down refuses calls in the intake (ModelQueue.submit_all raises): their records were counted
+    enqueued and in no outcome."""
+    replica, _ = translator
+    replica.reconfigure({"max_batch_size": 8, "batch_wait_timeout_s": 0.05, "skip_batch_wait_when_alone": alone})
+    assert loop.run_until_complete(replica.translate(Chunk("en", "pt", ["a"])))[0] == ["pt:a"]
+    replica._model_thread.shutdown()
+    with pytest.raises(RuntimeError, match="the model thread is shut down"):
+        loop.run_until_complete(replica.translate(Chunk("en", "pt", ["b", "c"])))
+    stats = replica.stats()
+    assert (stats["enqueued"], stats["computed"], stats["cancelled"], stats["failed"]) == (3, 1, 0, 2), stats
+
+
+def test_a_refused_piece_that_is_not_cut_again_is_counted_failed(translator, loop):  # noqa: F811
+    """Serve refused a piece for a size that has grown back since (it is raised, not cut again): never computed."""
+    replica, _ = translator
+
+    async def refusing(item, counted=False):
+        raise RuntimeError("Size of item is greater than max_batch_size. Please increase the max_batch_size")
+
+    with pytest.raises(RuntimeError, match="Size of item"):
+        loop.run_until_complete(replica._submit_pieces(refusing, ["a", "b", "c"], list))
+    assert replica.stats()["failed"] == 3
