@@ -38,6 +38,8 @@ def pytest_sessionfinish(session, exitstatus):
     if path := session.config.stash.get(_status_file, ""):
         with open(path, "a", encoding="utf-8") as status:
             status.write(f"{int(exitstatus)}\n")
+
+
 TEST_MAX_BODY_BYTES = 3_000_000
 STARTUP_TIMEOUT_S = float(os.environ.get("SERVE_APP_TEST_STARTUP_TIMEOUT_S", "240"))
 
