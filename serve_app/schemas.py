@@ -73,10 +73,10 @@ class TranslationRecord(_Body):
 
 
 class TranslationPayload(_Body):
-    fromLang: StrictStr = Field(..., pattern=_LANG_PATTERN, description="Source language (ISO 639-1, e.g. `en`).",
-                                examples=["en"])
-    toLang: StrictStr = Field(..., pattern=_LANG_PATTERN, description="Target language (ISO 639-1, e.g. `pt`).",
-                              examples=["pt"])
+    fromLang: StrictStr = Field(..., pattern=_LANG_PATTERN, examples=["en"],
+                                description="Source language: a BCP 47 tag (e.g. `en`, `pt-BR`, `zh-Hant`).")
+    toLang: StrictStr = Field(..., pattern=_LANG_PATTERN, examples=["pt"],
+                              description="Target language: a BCP 47 tag (e.g. `pt`, `en-US`, `zh-Hant`).")
     records: list[TranslationRecord] = Field(..., min_length=1, description="Records to translate, in order.")
 
 
