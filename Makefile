@@ -32,12 +32,16 @@ $(BIN)/python:
 	$(BIN)/python -m pip install -q --upgrade pip || { rm -rf $(VENV); exit 1; }
 
 # torch, installed first, is recorded with what chose it (TORCH_SPEC, TORCH_CPU_INDEX) in $(TORCH_STAMP). Set
-# otherwise later (a CUDA build on a GPU machine), torch alone is installed again by the next make, not the rest.
+# otherwise later (a CUDA build on a GPU machine: `make run TORCH_SPEC=...`), torch alone is installed again, not the
+# rest; a later make that does not set them keeps that torch (the defaults do not undo a choice).
 TORCH_STAMP := $(VENV)/.torch
 TORCH_CHOICE := $(strip $(TORCH_SPEC) $(TORCH_CPU_INDEX))
 TORCH_RECORDED := $(shell cat $(TORCH_STAMP) 2>/dev/null)
+TORCH_SET := $(filter command environment,$(origin TORCH_SPEC) $(origin TORCH_CPU_INDEX))
+ifneq ($(TORCH_SET),)
 ifneq ($(TORCH_RECORDED),$(TORCH_CHOICE))
 .PHONY: $(TORCH_STAMP)
+endif
 endif
 $(TORCH_STAMP): | $(BIN)/python
 	@# Another choice than the recorded one: its torch goes first, or pip would keep it (torch==2.13.0 is

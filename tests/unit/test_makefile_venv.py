@@ -97,6 +97,15 @@ def test_the_torch_already_chosen_is_not_installed_again(tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_a_make_that_does_not_set_torch_spec_keeps_the_torch_chosen_before(tmp_path):
+    """From a review: after `make run TORCH_SPEC=torch==2.13.0+cu130`, the next plain `make test` took the defaults
+    for a new choice, removed the CUDA build and installed the CPU one (and back at the next TORCH_SPEC)."""
+    venv = _installed_venv(tmp_path, "torch==2.13.0+cu130 https://download.pytorch.org/whl/cpu")
+    assert "install-torch" not in _planned_install(venv)
+    assert "install-torch" in _planned_install(venv, "TORCH_SPEC=torch==2.13.0")  # named: that one
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
 def test_a_venv_from_before_torch_was_recorded_gets_the_spec_installed_once_without_removing_torch(tmp_path):
     planned = _planned_install(_installed_venv(tmp_path, None), "TORCH_SPEC=torch==2.12.0")
     assert 'install-torch' in planned and "uninstall" not in planned and "-e \".[" not in planned, planned
