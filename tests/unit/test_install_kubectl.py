@@ -25,11 +25,11 @@ def _tools(tmp_path: Path, kubectl_version: str | None) -> Path:
     """A PATH folder with what the step needs, and a kubectl of `kubectl_version` (None: no kubectl)."""
     tools = tmp_path / "tools"
     tools.mkdir()
-    for name in ("bash", "sh", "env", "grep", "dirname"):
+    for name in ("bash", "sh", "env", "grep", "dirname", "sleep"):
         (tools / name).symlink_to(shutil.which(name))
-    if kubectl_version is not None:
-        (tools / "kubectl").write_text(f"#!/bin/sh\necho 'Client Version: v{kubectl_version}'\n"
-                                       "echo 'Kustomize Version: v2.0.3'\n")
+    if kubectl_version is not None:  # its second line late, as a real one's may be: a reader that left at the first
+        (tools / "kubectl").write_text(f"#!/bin/sh\necho 'Client Version: v{kubectl_version}'\nsleep 0.2\n"
+                                       "echo 'Kustomize Version: v2.0.3'\n")  # line fails it (SIGPIPE, review)
         (tools / "kubectl").chmod(0o755)
     return tools
 
@@ -77,4 +77,3 @@ def test_the_pin_is_a_release_pip_can_install():
 
     pin = re.search(r"^KUBECTL_VERSION \?= (\S+)$", (ROOT / "Makefile").read_text(), re.M)
     assert pin and re.fullmatch(r"1\.\d+\.\d+", pin[1]), "the Makefile's KUBECTL_VERSION"
-
