@@ -120,8 +120,8 @@ class HandleClient:
             except (ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError) as exc:
                 # A replica's teardown fails what it did not compute with ReplicaStopped: retried as after its death
                 stopped = isinstance(getattr(exc, "cause", None), ReplicaStopped)
-                if isinstance(exc, RayTaskError) and not stopped:
-                    raise self._task_error(exc, method) from None
+                if isinstance(exc, RayTaskError) and not (stopped or isinstance(exc, RayActorError)):  # (Ray raises
+                    raise self._task_error(exc, method) from None  # an actor's death as RayTaskError(ActorDiedError))
                 if not stopped:  # (a stop is no failure: the other calls it holds get ReplicaStopped themselves)
                     self._signal_replica_failure()
                 if attempt < self._retries:

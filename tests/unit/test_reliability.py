@@ -265,7 +265,16 @@ def _stopped():
                         pid=1, ip="127.0.0.1").as_instanceof_cause()
 
 
-@pytest.mark.parametrize("lost", [_died, _stopped], ids=["died", "stopped"])
+def _died_in_a_task():
+    """An actor's death as Ray may raise it to a handle's caller (ray/serve/_private/router.py): a RayTaskError
+    that is an ActorDiedError too. From a review: it was taken for the model's own error, a 500 and no retry."""
+    from ray.exceptions import ActorDiedError, RayTaskError
+
+    return RayTaskError("translate", "Traceback ...", ActorDiedError(), proctitle="replica", pid=1,
+                        ip="127.0.0.1").as_instanceof_cause()
+
+
+@pytest.mark.parametrize("lost", [_died, _stopped, _died_in_a_task], ids=["died", "stopped", "died-in-task"])
 def test_call_is_retried_once_after_replica_death(lost):
     handle = _Handle([lost(), "answer"])
     client = HandleClient("Translator", handle)
