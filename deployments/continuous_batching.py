@@ -39,10 +39,9 @@ Limits = Callable[[str, list[int]], tuple[int, Optional[int]]]
 
 
 class ContinuousScheduler:
-    """The decoding thread and the queue of sequences waiting to join its batch.
-
-    `backend` is a TransformersBackend (its `continuous_decoder()`, `encode_texts`, `forced_bos_token_id`,
-    `decode_rows`, `is_cut`). `on_step(outcome)` runs on the decoding thread."""
+    """The decoding thread and the queue of sequences waiting to join its batch. `backend` is a TransformersBackend
+    (its `continuous_decoder()`, `encode_texts`, `forced_bos_token_id`, `decode_rows`, `is_cut`). `on_step(outcome)`
+    runs on the decoding thread."""
 
     def __init__(self, backend, *, max_running_sequences: int, max_cached_tokens: Optional[int],
                  max_new_tokens: int, min_new_tokens: Optional[int] = None, join_interval_steps: int = 1,
@@ -54,8 +53,7 @@ class ContinuousScheduler:
                 raise ValueError(f"{knob} must be >= 1, got {value!r}")
         self.backend = backend
         self.decoder = backend.continuous_decoder(slots=int(max_running_sequences), cuda_graphs=cuda_graphs)
-        # Before the first request, so none waits on a CUDA graph capture. Sources past 256 tokens are rare:
-        # the buffers grow when one comes.
+        # Before the first request, so none waits on a CUDA graph capture (a source past 256 tokens grows them).
         began, source = time.perf_counter(), min(getattr(backend, "max_input_length", 256), 256)
         if captured := self.decoder.warm_up(columns=max_new_tokens + 1, source=source):
             logger.info("continuous decoding: %d CUDA graphs captured in %.1f s", captured, time.perf_counter() - began)
@@ -276,10 +274,12 @@ class ContinuousScheduler:
         """The running (and `extra`) sequences' calls fail with `error`: rows dropped, `outcome` reported with the
         sequences that failed and the cancelled ones taken out (less the `counted` tags), answered."""
         failing, failed, dropped = claim_failing([r.request for r in self.decoder.rows] + list(extra), counted)
-        drop_every_row(self.decoder)
-        self._report(replace(outcome, failed_records=failed, dropped=outcome.dropped + dropped))
-        for call in failing:
-            settle(call.future, error)
+        try:
+            drop_every_row(self.decoder)
+            self._report(replace(outcome, failed_records=failed, dropped=outcome.dropped + dropped))
+        finally:  # claimed (running): answered here or never, also when dropping the rows raised (a device error)
+            for call in failing:
+                settle(call.future, error)
 
     def _fail_all(self, error: BaseException, joining: Sequence[DecodeRequest] = ()) -> None:
         """The thread stops: every call it holds fails; `fatal` if an error stopped it (Serve replaces the replica)."""

@@ -98,3 +98,22 @@ def test_the_records_of_a_decoding_thread_that_stopped_are_counted_failed(transl
     error = _settled(loop, task)
     assert isinstance(error, BackendError) and "continuous decoding stopped" in str(error)
     assert _tallies(translator) == (2, 0, 0, 2)
+
+
+def test_a_failed_step_whose_rows_cannot_be_dropped_nor_reset_still_answers_its_callers(translator, loop):
+    """From a review: after a device error that every later device call repeats (CUDA's are sticky), dropping the
+    failed rows and resetting the caches raise too. The callers, claimed first, were never answered: the thread died
+    trying to claim them again, and they waited for their deadline."""
+    decoder = translator._continuous.scheduler.decoder
+    decoder.hold()
+    (task,) = _start_together(translator, loop, Chunk("en", "de", ["abc", "abcd"]))
+    assert decoder.entered.wait(30)
+
+    def sticky(*args):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+    decoder.drop = decoder._reset = sticky
+    decoder.fail_next = RuntimeError("CUDA error: an illegal memory access was encountered")
+    decoder.release()
+    error = _settled(loop, task, timeout_s=10)
+    assert isinstance(error, BackendError) and "generation failed" in str(error)
+    del decoder.drop, decoder._reset
