@@ -76,8 +76,9 @@ class Translator(ModelReplica):
 
         `background=True` (job records) queues the chunk behind interactive requests. A record whose source
         is longer than the model reads, or has several lines, goes to the model as its pieces of whole sentences
-        (`pieces_of`: never across a line break); one the model still cut short (its translation at max_new_tokens) is translated again in pieces, if it
-        has several; if that fails, it stays as the first pass gave it."""
+        (`pieces_of`: never across a line break); one the model still cut short (its translation at
+        max_new_tokens) is translated again in pieces, if it has several; if that fails, it stays as the first pass
+        gave it."""
         overlong = await self._overlong_pieces(chunk.texts, chunk.source)
         if overlong:
             self._count_in_pieces(len(overlong))

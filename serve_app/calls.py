@@ -52,9 +52,9 @@ _IMPLIED_SCRIPTS = {"zh": {"tw": "hant", "hk": "hant", "mo": "hant", "cn": "hans
 #: common OPUS-MT models, `ns` being M2M100's Northern Sotho): naming it changes nothing (`en-latn` is `en`,
 #: `zh-hans` is `zh`), naming another asks for another script (`sr-latn`, `uz-cyrl`, `zh-hant`)
 _DEFAULT_SCRIPTS = {language: script for script, languages in {
-    "latn": "af ast az br bs ca ceb co cs cy da de en eo es et eu ff fi fil fo fr fy ga gd gl gn ha hr ht hu id ig ilo is "
-            "it jv ku la lb lg ln lt lv mg mi ms mt nb nl nn no ns nso ny oc om pl pt qu ro rw sk sl sm sn so sq ss st "
-            "su sv sw tk tl tn to tr ts uz ve vi wo xh yo zu",
+    "latn": "af ast az br bs ca ceb co cs cy da de en eo es et eu ff fi fil fo fr fy ga gd gl gn ha hr ht hu id ig "
+            "ilo is it jv ku la lb lg ln lt lv mg mi ms mt nb nl nn no ns nso ny oc om pl pt qu ro rw sk sl sm sn so "
+            "sq ss st su sv sw tk tl tn to tr ts uz ve vi wo xh yo zu",
     "cyrl": "ba be bg kk ky mk mn os ru sr tg tt uk", "arab": "ar ckb fa ps sd ug ur", "deva": "hi mr ne sa",
     "beng": "as bn", "ethi": "am ti", "hebr": "he yi", "tibt": "bo dz", "armn": "hy", "geor": "ka", "grek": "el",
     "gujr": "gu", "guru": "pa", "jpan": "ja", "khmr": "km", "knda": "kn", "kore": "ko", "laoo": "lo", "mlym": "ml",

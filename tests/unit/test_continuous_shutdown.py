@@ -45,4 +45,3 @@ def test_the_teardown_stops_decoding_and_fails_the_callers_still_waiting(transla
     assert _tallies(translator) == (3, 0, 0, 3)
     with pytest.raises(RuntimeError, match="finished its graceful shutdown"):
         translator.check_health()
-

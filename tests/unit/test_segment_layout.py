@@ -69,6 +69,7 @@ def test_a_short_record_of_several_lines_keeps_them_through_the_translator(tiny_
     loop.run_until_complete(replica.translate(Chunk("en", "de", [record])))
     assert sent == [record]
 
+
 def grapheme_ends(text: str) -> set[int]:
     return {m.end() for m in regex.finditer(r"\X", text)}
 
