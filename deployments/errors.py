@@ -19,7 +19,7 @@ class ModelContractError(RuntimeError):
 class ReplicaStopped(RuntimeError):
     """The replica is stopping (its teardown ran: ModelReplica._shut_down): a call it refused, or one still waiting for
     the continuous decoder, was never computed. The ingress tries another replica once, as after a replica's death,
-    then answers 503 + Retry-After (serve_app/model_clients.py)."""
+    then answers 503 + Retry-After (serve_app/handle_client.py)."""
 
 
 def deliverable(exc: BaseException) -> BaseException:

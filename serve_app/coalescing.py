@@ -17,6 +17,14 @@ a bad input fails only its own request, whoever it shared a call with (also one 
 records were in the call). Those calls of their own take at most `max_inflight_calls` more calls in flight,
 are counted like any call, and end with their caller. The service's own errors (503 unavailable or
 overloaded, 504 deadline) reach every caller of the call.
+
+An input that crashes the replica's process (a segfault, the OOM killer, a custom model's os._exit) is one
+caller's too, but it looks like a replica lost to anything else. With `isolate_replica_deaths` (a model behind
+a HandleClient) a call of several callers is not retried by the client when its replica dies (ReplicaLost);
+each caller's records go again alone instead, as that call's one retry, and one caller at a time: sent together
+they could land on one replica, and the crashing input would take the others' retries down with it. So the
+crashing input costs two replicas, as a retried call of its own does, and the other callers are answered. The
+price, after a replica lost to anything else: those callers are answered one call after another, not in one.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ from typing import Any, Awaitable, Callable, Hashable, Optional, Sequence
 
 from deployments.errors import describe_exception
 
-from .errors import InternalError, ServeAppError
+from .errors import InternalError, ReplicaLost, ServeAppError
 
 logger = logging.getLogger("serve_app")
 
@@ -73,15 +81,16 @@ class CallCoalescer:
     """Group commit for one model method (see the module docstring).
 
     `send(key, records)` makes the real call; `slice_result(result, start, stop)` cuts a call's
-    result down to the records [start, stop) of it (one caller's share).
+    result down to the records [start, stop) of it (one caller's share). With `isolate_replica_deaths`,
+    `send` also takes HandleClient.call's keywords `retry_on_replica_death` and `after_replica_death`.
     """
 
-    def __init__(self, send: Callable[[Hashable, list], Awaitable[Any]],
-                 slice_result: Callable[[Any, int, int], Any], *, max_records: int, max_inflight_calls: int):
+    def __init__(self, send: Callable[..., Awaitable[Any]], slice_result: Callable[[Any, int, int], Any], *,
+                 max_records: int, max_inflight_calls: int, isolate_replica_deaths: bool = False):
         if max_records < 1 or max_inflight_calls < 1:
             raise ValueError(f"max_records and max_inflight_calls must be >= 1, got {max_records!r} "
                              f"and {max_inflight_calls!r}")
-        self._send, self._slice = send, slice_result
+        self._send, self._slice, self._isolate = send, slice_result, isolate_replica_deaths
         self.max_records, self.max_inflight_calls = max_records, max_inflight_calls
         self._filling: dict[Hashable, _Call] = {}  # per key, the pending call new records join
         self._pending: deque[_Call] = deque()  # pending calls in the order they were opened
@@ -150,8 +159,10 @@ class CallCoalescer:
             waiter.stop = len(records)
         self.calls_sent += 1
         self.records_sent += len(records)
+        shared = self._isolate and len(call.waiters) > 1  # the client does not retry it after a replica death
         try:
-            result = await self._send(call.key, records)
+            result = await (self._send(call.key, records, retry_on_replica_death=False) if shared
+                            else self._send(call.key, records))
         except asyncio.CancelledError:
             for waiter in call.waiters:
                 if not waiter.future.done():
@@ -159,7 +170,9 @@ class CallCoalescer:
             raise
         except Exception as exc:
             live = [waiter for waiter in call.waiters if not waiter.future.done()]
-            if len(call.waiters) > 1 and _one_caller_s(exc):  # others' records rode in it, gone or not
+            if shared and isinstance(exc, ReplicaLost):  # any caller's input may have crashed the replica
+                await self._one_at_a_time(call.key, live)
+            elif len(call.waiters) > 1 and _one_caller_s(exc):  # others' records rode in it, gone or not
                 for waiter in live:
                     waiter.alone = asyncio.ensure_future(self._alone(call.key, waiter))
                 await asyncio.gather(*(waiter.alone for waiter in live), return_exceptions=True)
@@ -171,19 +184,40 @@ class CallCoalescer:
                 if not waiter.future.done():
                     waiter.future.set_result(self._slice(result, waiter.start, waiter.stop))
 
-    async def _alone(self, key: Hashable, waiter: _Waiter) -> None:
-        """`waiter`'s records in a call of their own (after the call it shared failed)."""
+    async def _one_at_a_time(self, key: Hashable, waiters: list[_Waiter]) -> None:
+        """After a shared call's replica died: each caller's records alone, as that call's retry, one caller's
+        call in flight at a time (see the module docstring). A caller whose call dies again gets its 503; one
+        who left is skipped; an error of the service's (no replica took the call in time) ends the others too."""
+        logger.warning("a shared call lost its replica; the records of its %d callers still waiting go again "
+                       "alone, one caller at a time", len(waiters))
+        for i, waiter in enumerate(waiters):
+            if waiter.future.done():
+                continue
+            waiter.alone = asyncio.ensure_future(
+                self._alone(key, waiter, retry_on_replica_death=False, after_replica_death=True))
+            await asyncio.wait((waiter.alone,))
+            failed = None if waiter.alone.cancelled() else waiter.alone.result()
+            if failed is not None and not isinstance(failed, ReplicaLost) and not _one_caller_s(failed):
+                for rest in waiters[i + 1:]:
+                    if not rest.future.done():
+                        rest.future.set_exception(failed)
+                return
+
+    async def _alone(self, key: Hashable, waiter: _Waiter, **how: bool) -> Optional[Exception]:
+        """`waiter`'s records in a call of their own (after the call it shared failed); the error it got, if any.
+        `how`: HandleClient.call's keywords, after a replica death (_one_at_a_time)."""
         try:
             async with self._alone_slots:
                 self.calls_sent += 1
                 self.records_sent += len(waiter.records)
-                result = await self._send(key, list(waiter.records))
+                result = await self._send(key, list(waiter.records), **how)
         except Exception as exc:
             if not waiter.future.done():
                 waiter.future.set_exception(exc)
-        else:
-            if not waiter.future.done():
-                waiter.future.set_result(self._slice(result, 0, len(waiter.records)))
+            return exc
+        if not waiter.future.done():
+            waiter.future.set_result(self._slice(result, 0, len(waiter.records)))
+        return None
 
     def _call_done(self, call: _Call, task: asyncio.Task) -> None:
         self.inflight -= 1

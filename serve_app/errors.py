@@ -141,6 +141,12 @@ class ModelUnavailable(ServeAppError):
     error_type = "model_unavailable"
 
 
+class ReplicaLost(ModelUnavailable):
+    """The replica computing a call died and the call was not sent again, as its caller asked
+    (serve_app/handle_client.py): the CallCoalescer, which then sends each request's records of a
+    shared call alone. A client sees the 503 `model_unavailable` of any lost replica."""
+
+
 class ShuttingDown(ServeAppError):
     """The ingress is draining before a stop; another replica (or a restart) will answer."""
 

@@ -4,11 +4,12 @@ Every model (Translator, Embedder, `Model.<name>`) runs either in a Serve deploy
 reached from the Ingress by a Ray call through a DeploymentHandle, or (`placement: ingress`) inside
 each Ingress replica, called in-process on the replica's event loop. Either way the same class
 (deployments/) with the same batching answers, and the HTTP side sees it as a `ModelClient`
-(serve_app/model_clients.py): `HandleClient` for a deployment, `LocalClient` for a model placed
-here, `ViaIngressClient` for the JobManager reaching a model placed in the Ingress. The choice is
-made once, by the settings (`AppSettings.placed_in_ingress()`): serve_app/builder.py binds no
-deployment for a placed model (its handle is None), and `model_clients` below turns each handle,
-or its absence, into the client. docs/architecture.md explains when to choose which.
+(serve_app/model_clients.py): `HandleClient` (serve_app/handle_client.py) for a deployment,
+`LocalClient` for a model placed here, `ViaIngressClient` for the JobManager reaching a model placed
+in the Ingress. The choice is made once, by the settings (`AppSettings.placed_in_ingress()`):
+serve_app/builder.py binds no deployment for a placed model (its handle is None), and `model_clients`
+below turns each handle, or its absence, into the client. docs/architecture.md explains when to
+choose which.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from deployments.embedder import Embedder
 from deployments.model_module import deployment_name
 from deployments.translator import Translator
 
-from .model_clients import HandleClient, LocalClient, ModelClient
+from .handle_client import HandleClient
+from .model_clients import LocalClient, ModelClient
 from .settings import AppSettings
 
 #: A deployment's handle, or None when the model is placed in the Ingress.

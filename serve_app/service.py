@@ -21,6 +21,7 @@ from .calls import check_dimensions, check_text_lengths, gather_limited, resolve
 from .coalescing import CallCoalescer
 from .custom_models import CustomModel, custom_models
 from .errors import ModelNotFound, NotFound, PayloadTooLarge, RequestTimeout, UnsupportedModel
+from .handle_client import HandleClient
 from .model_clients import ModelClient
 from .model_info import ModelInfo
 from .readiness import Readiness
@@ -64,21 +65,26 @@ class Service:
         #: custom models (`models:`) by name: their deployment's client and module (schemas only)
         self.custom_models = custom_models(settings, models or {})
         # Concurrent requests' records share calls to the models once max_inflight_calls_per_model
-        # are in flight (serve_app/coalescing.py): fewer handle calls, each fuller.
+        # are in flight (serve_app/coalescing.py): fewer handle calls, each fuller. A model in a deployment
+        # of its own (a HandleClient; not one placed here, nor the jobs' BackgroundClient) also keeps an input
+        # that crashes its replica from failing the others who shared the call.
         inflight = self.limits.max_inflight_calls_per_model
         self._translate_calls = CallCoalescer(
-            lambda pair, texts: self.translator.call("translate", Chunk(pair[0], pair[1], texts)),
+            lambda pair, texts, **how: self.translator.call("translate", Chunk(pair[0], pair[1], texts), **how),
             lambda result, start, stop: (result[0][start:stop], result[1]),
-            max_records=self.limits.records_per_call, max_inflight_calls=inflight)
+            max_records=self.limits.records_per_call, max_inflight_calls=inflight,
+            isolate_replica_deaths=isinstance(translator, HandleClient))
         self._embed_calls = CallCoalescer(
-            lambda _, texts: self.embedder.call("embed", texts),
+            lambda _, texts, **how: self.embedder.call("embed", texts, **how),
             lambda result, start, stop: (result[0][start:stop], result[1][start:stop], result[2]),
-            max_records=self.limits.inputs_per_embedding_call, max_inflight_calls=inflight)
+            max_records=self.limits.inputs_per_embedding_call, max_inflight_calls=inflight,
+            isolate_replica_deaths=isinstance(embedder, HandleClient))
         self._predict_calls = {
             name: CallCoalescer(
-                lambda _, items, client=model.client: client.call("predict", items),
+                lambda _, items, client=model.client, **how: client.call("predict", items, **how),
                 lambda result, start, stop: (result[0][start:stop], result[1]),
-                max_records=self.limits.inputs_per_predict_call, max_inflight_calls=inflight)
+                max_records=self.limits.inputs_per_predict_call, max_inflight_calls=inflight,
+                isolate_replica_deaths=isinstance(model.client, HandleClient))
             for name, model in self.custom_models.items()}
 
     @property

@@ -27,7 +27,8 @@ from ray import serve
 
 from deployments.health import ReplicaHealth
 
-from ..model_clients import INGRESS_DEPLOYMENT, HandleClient, ModelClient, ViaIngressClient
+from ..handle_client import HandleClient
+from ..model_clients import INGRESS_DEPLOYMENT, ModelClient, ViaIngressClient
 from ..placement import Handle, handle_client, model_clients
 from ..settings import AppSettings
 from .job import ANONYMOUS

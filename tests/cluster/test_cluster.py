@@ -254,7 +254,7 @@ def test_the_head_restarted_with_gcs_fault_tolerance(cluster, endpoints, figures
     above the minimum, and the head dies while the autoscaler stops some. Serve's recovering controller
     then stops as many again, not knowing which were draining; the cluster profile's autoscaling policy
     holds every step down so that a replica of every deployment keeps serving through it, and a call no
-    replica takes is 503, never a hang (serve_app/autoscaling.py, HandleClient in serve_app/model_clients.py).
+    replica takes is 503, never a hang (serve_app/autoscaling.py, HandleClient in serve_app/handle_client.py).
     Then the head's pod deleted as Kubernetes deletes it (kubelet.py): the head
     holds no replica and no traffic, so it has nothing to drain and must stop well within its grace period."""
     assert cluster.spec.gcs_ft is not None, "the RayService must set gcsFaultToleranceOptions"

@@ -1,7 +1,7 @@
 """A Translator replica's teardown (Serve runs its `__del__` at the end of a graceful shutdown) stops its continuous
 decoding: the decoding loop ends after the step under way, the callers still waiting get ReplicaStopped instead of
 waiting for a loop that would never answer them, and the ingress tries another replica for them
-(serve_app/model_clients.py; tests/unit/test_reliability.py). On the fake decoder (fake_decoder.py)."""
+(serve_app/handle_client.py; tests/unit/test_reliability.py). On the fake decoder (fake_decoder.py)."""
 
 from __future__ import annotations
 

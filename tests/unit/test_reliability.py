@@ -18,7 +18,7 @@ from serve_app import api
 from serve_app.api import app, set_service
 from serve_app.errors import ModelUnavailable
 from serve_app.middleware import key_matches, presented_key
-from serve_app.model_clients import HandleClient
+from serve_app.handle_client import HandleClient
 from serve_app.readiness import summarise_failure
 from serve_app.settings import load_settings
 
