@@ -24,7 +24,9 @@ a HandleClient) a call of several callers is not retried by the client when its 
 each caller's records go again alone instead, as that call's one retry, and one caller at a time: sent together
 they could land on one replica, and the crashing input would take the others' retries down with it. So the
 crashing input costs two replicas, as a retried call of its own does, and the other callers are answered. The
-price, after a replica lost to anything else: those callers are answered one call after another, not in one.
+price, after a replica lost to anything else: those callers are answered one call after another, not in one, and
+those not sent again within `replica_retry_timeout_s` get the 503 of the lost replica. (Within one shared call: the
+other calls the dead replica held go again at the same time.)
 """
 
 from __future__ import annotations
@@ -86,12 +88,15 @@ class CallCoalescer:
     """
 
     def __init__(self, send: Callable[..., Awaitable[Any]], slice_result: Callable[[Any, int, int], Any], *,
-                 max_records: int, max_inflight_calls: int, isolate_replica_deaths: bool = False):
+                 max_records: int, max_inflight_calls: int, isolate_replica_deaths: bool = False,
+                 replica_retry_timeout_s: float = 8.0):
         if max_records < 1 or max_inflight_calls < 1:
             raise ValueError(f"max_records and max_inflight_calls must be >= 1, got {max_records!r} "
                              f"and {max_inflight_calls!r}")
         self._send, self._slice, self._isolate = send, slice_result, isolate_replica_deaths
         self.max_records, self.max_inflight_calls = max_records, max_inflight_calls
+        #: after a replica death, how long a shared call's callers go again one at a time; the rest then get its 503
+        self.replica_retry_timeout_s = replica_retry_timeout_s
         self._filling: dict[Hashable, _Call] = {}  # per key, the pending call new records join
         self._pending: deque[_Call] = deque()  # pending calls in the order they were opened
         self.inflight = 0
@@ -171,7 +176,7 @@ class CallCoalescer:
         except Exception as exc:
             live = [waiter for waiter in call.waiters if not waiter.future.done()]
             if shared and isinstance(exc, ReplicaLost):  # any caller's input may have crashed the replica
-                await self._one_at_a_time(call.key, live)
+                await self._one_at_a_time(call.key, live, exc)
             elif len(call.waiters) > 1 and _one_caller_s(exc):  # others' records rode in it, gone or not
                 for waiter in live:
                     waiter.alone = asyncio.ensure_future(self._alone(call.key, waiter))
@@ -184,21 +189,28 @@ class CallCoalescer:
                 if not waiter.future.done():
                     waiter.future.set_result(self._slice(result, waiter.start, waiter.stop))
 
-    async def _one_at_a_time(self, key: Hashable, waiters: list[_Waiter]) -> None:
-        """After a shared call's replica died: each caller's records alone, as that call's retry, one caller's
-        call in flight at a time (see the module docstring). A caller whose call dies again gets its 503; one
-        who left is skipped; an error of the service's (no replica took the call in time) ends the others too."""
+    async def _one_at_a_time(self, key: Hashable, waiters: list[_Waiter], lost: ReplicaLost) -> None:
+        """After a shared call's replica died (`lost`): each caller's records alone, as that call's retry, one
+        caller's call in flight at a time (see the module docstring). A caller whose call dies again gets its 503;
+        one who left is skipped; an error of the service's (no replica took the call in time) ends the others too,
+        as does `replica_retry_timeout_s` spent: the callers not sent by then get `lost` (503 + Retry-After)."""
         logger.warning("a shared call lost its replica; the records of its %d callers still waiting go again "
                        "alone, one caller at a time", len(waiters))
+        loop = asyncio.get_running_loop()
+        spent_at = loop.time() + self.replica_retry_timeout_s
         for i, waiter in enumerate(waiters):
             if waiter.future.done():
                 continue
-            waiter.alone = asyncio.ensure_future(
-                self._alone(key, waiter, retry_on_replica_death=False, after_replica_death=True))
-            await asyncio.wait((waiter.alone,))
-            failed = None if waiter.alone.cancelled() else waiter.alone.result()
-            if failed is not None and not isinstance(failed, ReplicaLost) and not _one_caller_s(failed):
-                for rest in waiters[i + 1:]:
+            failed: Optional[Exception] = lost
+            spent = loop.time() >= spent_at
+            if not spent:
+                waiter.alone = asyncio.ensure_future(
+                    self._alone(key, waiter, retry_on_replica_death=False, after_replica_death=True))
+                await asyncio.wait((waiter.alone,))
+                failed = None if waiter.alone.cancelled() else waiter.alone.result()
+            if spent or (isinstance(failed, ServeAppError) and failed.status_code in (503, 504)
+                         and not isinstance(failed, ReplicaLost)):
+                for rest in waiters[i:]:
                     if not rest.future.done():
                         rest.future.set_exception(failed)
                 return
@@ -211,12 +223,13 @@ class CallCoalescer:
                 self.calls_sent += 1
                 self.records_sent += len(waiter.records)
                 result = await self._send(key, list(waiter.records), **how)
+            share = self._slice(result, 0, len(waiter.records))  # (a result it fails on: this caller's error alone)
         except Exception as exc:
             if not waiter.future.done():
                 waiter.future.set_exception(exc)
             return exc
         if not waiter.future.done():
-            waiter.future.set_result(self._slice(result, 0, len(waiter.records)))
+            waiter.future.set_result(share)
         return None
 
     def _call_done(self, call: _Call, task: asyncio.Task) -> None:

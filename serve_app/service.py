@@ -68,23 +68,23 @@ class Service:
         # are in flight (serve_app/coalescing.py): fewer handle calls, each fuller. A model in a deployment
         # of its own (a HandleClient; not one placed here, nor the jobs' BackgroundClient) also keeps an input
         # that crashes its replica from failing the others who shared the call.
-        inflight = self.limits.max_inflight_calls_per_model
+        inflight, retry_s = self.limits.max_inflight_calls_per_model, self.limits.replica_retry_timeout_s
         self._translate_calls = CallCoalescer(
             lambda pair, texts, **how: self.translator.call("translate", Chunk(pair[0], pair[1], texts), **how),
             lambda result, start, stop: (result[0][start:stop], result[1]),
             max_records=self.limits.records_per_call, max_inflight_calls=inflight,
-            isolate_replica_deaths=isinstance(translator, HandleClient))
+            isolate_replica_deaths=isinstance(translator, HandleClient), replica_retry_timeout_s=retry_s)
         self._embed_calls = CallCoalescer(
             lambda _, texts, **how: self.embedder.call("embed", texts, **how),
             lambda result, start, stop: (result[0][start:stop], result[1][start:stop], result[2]),
             max_records=self.limits.inputs_per_embedding_call, max_inflight_calls=inflight,
-            isolate_replica_deaths=isinstance(embedder, HandleClient))
+            isolate_replica_deaths=isinstance(embedder, HandleClient), replica_retry_timeout_s=retry_s)
         self._predict_calls = {
             name: CallCoalescer(
                 lambda _, items, client=model.client, **how: client.call("predict", items, **how),
                 lambda result, start, stop: (result[0][start:stop], result[1]),
                 max_records=self.limits.inputs_per_predict_call, max_inflight_calls=inflight,
-                isolate_replica_deaths=isinstance(model.client, HandleClient))
+                isolate_replica_deaths=isinstance(model.client, HandleClient), replica_retry_timeout_s=retry_s)
             for name, model in self.custom_models.items()}
 
     @property

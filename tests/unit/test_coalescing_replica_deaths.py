@@ -54,12 +54,13 @@ class CrashingModel:
         return sum("poison" in records for records, _ in self.sent)
 
 
-def share_a_call(loop, model: CrashingModel, shared_records: list[list]):
+def share_a_call(loop, model: CrashingModel, shared_records: list[list], **options):
     """A call of ["a"] holds the one slot while `shared_records` (one list per caller) join one pending call,
     then it returns: the shared call goes out. Each caller's result or error, in order."""
     async def scenario():
-        calls = CallCoalescer(model.send, lambda r, a, b: (r[0][a:b], r[1]), max_records=8, max_inflight_calls=1,
-                              isolate_replica_deaths=True)
+        slicer = options.pop("slice_result", lambda r, a, b: (r[0][a:b], r[1]))
+        calls = CallCoalescer(model.send, slicer, max_records=8, max_inflight_calls=1, isolate_replica_deaths=True,
+                              **options)
         first = asyncio.ensure_future(calls.submit("k", ["a"]))
         await until(lambda: len(model.sent) == 1)
         shared = [asyncio.ensure_future(calls.submit("k", records)) for records in shared_records]
@@ -106,6 +107,34 @@ def test_no_replica_to_take_the_retry_ends_the_other_callers_at_once(loop):
     assert all(isinstance(r, ModelUnavailable) for r in results), results
     assert results[0] is results[1] is results[2]  # the same 503: not the shared call's ReplicaLost
     assert [records for records, _ in model.sent] == [["a"], ["b", "c", "d"], ["b"]]
+
+
+def test_the_callers_not_sent_again_within_the_retry_s_time_get_the_503_of_the_lost_replica(loop):
+    """From a review: one caller at a time had no bound of its own, so the last of 8 (32 for embeddings) waited for
+    every call before it, each up to replica_retry_timeout_s to be taken, and got a 504 at its deadline. Past that
+    time the callers not sent again get the shared call's 503 + Retry-After, as a failed retry did."""
+    class Slow(CrashingModel):
+        async def send(self, key, records, **how):
+            if len(self.sent) >= 2:  # each caller's call alone takes 50 ms
+                await asyncio.sleep(0.05)
+            return await super().send(key, records, **how)
+
+    model = Slow(fails=[LOST])
+    results, calls = share_a_call(loop, model, [["b"], ["c"], ["d"], ["e"]], replica_retry_timeout_s=0.08)
+    assert results[:2] == [(["k:b"], 1), (["k:c"], 1)] and results[2] is results[3] is LOST, results
+    assert [records for records, _ in model.sent] == [["a"], ["b", "c", "d", "e"], ["b"], ["c"]]
+    assert calls.inflight == 0
+
+
+def test_a_result_that_cannot_be_cut_fails_its_own_caller_only_when_they_go_again_one_at_a_time(loop):
+    """From a review: `_slice` raising on one caller's result escaped the chain, and every caller left got a 500."""
+    def slicer(result, start, stop):
+        if result[0] == ["k:c"]:
+            raise ValueError("a result this caller's share cannot be cut from")
+        return result[0][start:stop], result[1]
+
+    results, _ = share_a_call(loop, CrashingModel(fails=[LOST]), [["b"], ["c"], ["d"]], slice_result=slicer)
+    assert results[0] == (["k:b"], 1) and isinstance(results[1], ValueError) and results[2] == (["k:d"], 1)
 
 
 def test_a_caller_who_leaves_while_the_others_go_again_one_at_a_time_is_skipped(loop):
