@@ -208,7 +208,7 @@ class CallCoalescer:
                     self._alone(key, waiter, retry_on_replica_death=False, after_replica_death=True))
                 await asyncio.wait((waiter.alone,))
                 failed = None if waiter.alone.cancelled() else waiter.alone.result()
-            if spent or (isinstance(failed, ServeAppError) and failed.status_code in (503, 504)
+            if spent or (isinstance(failed, ServeAppError) and not _one_caller_s(failed)  # the service's error
                          and not isinstance(failed, ReplicaLost)):
                 for rest in waiters[i:]:
                     if not rest.future.done():

@@ -129,9 +129,12 @@ class HandleClient:
                                    "stopped" if stopped else "died", method, type(exc).__name__)
                     continue
                 self.retries_failed += 1
-                raise ModelUnavailable(f"{self.name} replica {'stopped' if stopped else 'failed'} while serving the "
-                                       f"request; retry after {self._retry_after_s} s.",
-                                       retry_after_s=self._retry_after_s) from None
+                raise self._unavailable(stopped) from None
+
+    def _unavailable(self, stopped: bool, error: type[ModelUnavailable] = ModelUnavailable) -> ModelUnavailable:
+        """The 503 of a call whose replica died (or stopped) and that goes no further here."""
+        return error(f"{self.name} replica {'stopped' if stopped else 'failed'} while serving the request; retry "
+                     f"after {self._retry_after_s} s.", retry_after_s=self._retry_after_s)
 
     def _lost(self, method: str, attempt: int, exc: BaseException) -> ReplicaLost:
         """What a call whose caller asked for no retry gets when its replica died (logged like a retry)."""
@@ -139,8 +142,7 @@ class HandleClient:
             self.retries_failed += 1
         logger.warning("%s replica died during %s; not retried here, %s: %s", self.name, method,
                        "it was a retry already" if attempt else "its caller sends what goes again", type(exc).__name__)
-        return ReplicaLost(f"{self.name} replica failed while serving the request; retry after "
-                           f"{self._retry_after_s} s.", retry_after_s=self._retry_after_s)
+        return self._unavailable(False, ReplicaLost)
 
     def _task_error(self, exc: Any, method: str) -> ServeAppError:
         """What the caller gets for an exception the model's method raised (a RayTaskError's `cause`)."""

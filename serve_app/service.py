@@ -68,23 +68,25 @@ class Service:
         # are in flight (serve_app/coalescing.py): fewer handle calls, each fuller. A model in a deployment
         # of its own (a HandleClient; not one placed here, nor the jobs' BackgroundClient) also keeps an input
         # that crashes its replica from failing the others who shared the call.
-        inflight, retry_s = self.limits.max_inflight_calls_per_model, self.limits.replica_retry_timeout_s
-        self._translate_calls = CallCoalescer(
+        def coalesced(client: ModelClient, send, slice_result, max_records: int) -> CallCoalescer:
+            return CallCoalescer(send, slice_result, max_records=max_records,
+                                 max_inflight_calls=self.limits.max_inflight_calls_per_model,
+                                 isolate_replica_deaths=isinstance(client, HandleClient),
+                                 replica_retry_timeout_s=self.limits.replica_retry_timeout_s)
+
+        self._translate_calls = coalesced(
+            translator,
             lambda pair, texts, **how: self.translator.call("translate", Chunk(pair[0], pair[1], texts), **how),
-            lambda result, start, stop: (result[0][start:stop], result[1]),
-            max_records=self.limits.records_per_call, max_inflight_calls=inflight,
-            isolate_replica_deaths=isinstance(translator, HandleClient), replica_retry_timeout_s=retry_s)
-        self._embed_calls = CallCoalescer(
-            lambda _, texts, **how: self.embedder.call("embed", texts, **how),
+            lambda result, start, stop: (result[0][start:stop], result[1]), self.limits.records_per_call)
+        self._embed_calls = coalesced(
+            embedder, lambda _, texts, **how: self.embedder.call("embed", texts, **how),
             lambda result, start, stop: (result[0][start:stop], result[1][start:stop], result[2]),
-            max_records=self.limits.inputs_per_embedding_call, max_inflight_calls=inflight,
-            isolate_replica_deaths=isinstance(embedder, HandleClient), replica_retry_timeout_s=retry_s)
+            self.limits.inputs_per_embedding_call)
         self._predict_calls = {
-            name: CallCoalescer(
-                lambda _, items, client=model.client, **how: client.call("predict", items, **how),
-                lambda result, start, stop: (result[0][start:stop], result[1]),
-                max_records=self.limits.inputs_per_predict_call, max_inflight_calls=inflight,
-                isolate_replica_deaths=isinstance(model.client, HandleClient), replica_retry_timeout_s=retry_s)
+            name: coalesced(model.client,
+                            lambda _, items, client=model.client, **how: client.call("predict", items, **how),
+                            lambda result, start, stop: (result[0][start:stop], result[1]),
+                            self.limits.inputs_per_predict_call)
             for name, model in self.custom_models.items()}
 
     @property
