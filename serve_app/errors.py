@@ -147,6 +147,15 @@ class ReplicaLost(ModelUnavailable):
     shared call alone. A client sees the 503 `model_unavailable` of any lost replica."""
 
 
+class ModelCrashed(ServeAppError):
+    """Records whose calls lost several replicas: taken to crash the model (a segfault, out of memory), they are
+    refused for `ingress.crash_quarantine_s` rather than take more replicas down (serve_app/crash_quarantine.py);
+    a job holding them fails."""
+
+    status_code = 500
+    error_type = "model_crashed"
+
+
 class ShuttingDown(ServeAppError):
     """The ingress is draining before a stop; another replica (or a restart) will answer."""
 

@@ -17,6 +17,7 @@ from typing import Any, Optional
 from deployments.errors import ReplicaStopped, describe_exception
 
 from ._router_state import replicas_known, taken
+from .crash_quarantine import CrashQuarantine
 from .errors import InternalError, ModelUnavailable, Overloaded, ReplicaLost, ServeAppError
 
 logger = logging.getLogger("serve_app")
@@ -31,11 +32,14 @@ class HandleClient:
     instead of going again; for a call several requests share, one of which may have sent the input that crashed
     the replica. `after_replica_death=True`: the call is the retry of such a call (one request's records of it):
     it waits for a replica as a retry does and counts as the one retry. A replica that stopped is no death: a call
-    it did not compute is retried as ever."""
+    it did not compute is retried as ever. Records whose calls lost `MAX_DEATHS` (3) replicas within `quarantine_s`
+    get ModelCrashed (500) instead of a retry, and every call with them does for that long
+    (serve_app/crash_quarantine.py)."""
 
     def __init__(self, name: str, handle: Any, *, retry_after_s: int = 2, retries_on_replica_death: int = 1,
-                 retry_timeout_s: float = 8.0):
+                 retry_timeout_s: float = 8.0, quarantine_s: float = 600.0):
         self.name = name
+        self.quarantine = CrashQuarantine(name, quarantine_s)
         self._handle = handle
         self._methods: dict[str, Any] = {}
         self._retry_after_s = retry_after_s
@@ -62,6 +66,7 @@ class HandleClient:
 
     async def call(self, method: str, *args: Any, retry_on_replica_death: bool = True,
                    after_replica_death: bool = False, **kwargs: Any) -> Any:
+        self.quarantine.check(method, args)
         result = await self._call(method, args, kwargs, retry_on_replica_death, after_replica_death)
         self.last_answer_at = time.monotonic()
         return result
@@ -121,6 +126,8 @@ class HandleClient:
                     raise self._task_error(exc, method) from None  # an actor's death as RayTaskError(ActorDiedError))
                 if not stopped:  # (a stop is no failure: the other calls it holds get ReplicaStopped themselves)
                     self._signal_replica_failure()
+                    if (crashed := self.quarantine.died(method, args)) is not None:
+                        raise crashed from None
                     if not retry:
                         raise self._lost(method, attempt, exc) from None
                 if attempt < self._retries:

@@ -94,7 +94,8 @@ class ModelClients:
 def handle_client(settings: AppSettings, name: str, handle: DeploymentHandle) -> HandleClient:
     """The client of a deployment, with the ingress's retry settings."""
     return HandleClient(name, handle, retry_after_s=settings.ingress.retry_after_s,
-                        retry_timeout_s=settings.ingress.replica_retry_timeout_s)
+                        retry_timeout_s=settings.ingress.replica_retry_timeout_s,
+                        quarantine_s=settings.ingress.crash_quarantine_s)
 
 
 def model_clients(settings: AppSettings, translator: Handle, embedder: Handle, models: Optional[dict[str, Handle]],

@@ -1,7 +1,7 @@
 """The application's settings: the `args:` of serve-app in a Serve config.
 
-The HTTP side's sections (ingress, cache, jobs) are here; the models' sections (translation,
-embeddings, models) are the model side's own (deployments/settings.py) and nest here. Each field can be set three ways, highest precedence first:
+The HTTP side's sections (ingress, cache, jobs) are here; the models' sections (translation, embeddings, models)
+are the model side's own (deployments/settings.py) and nest here. Each field can be set three ways, highest first:
 
 1. the `args:` of the application in `serve_config.yaml` (or `key=value` after
    the import path on the `serve run` command line), nested by section;
@@ -9,12 +9,10 @@ embeddings, models) are the model side's own (deployments/settings.py) and nest 
    `serve run` / `serve deploy` (e.g. `SERVE_APP_TRANSLATION_BACKEND=transformers`);
 3. the default below.
 
-Batch sizes and wait times are *not* here: they are runtime knobs of each
-model deployment, set in its `user_config` (see `deployments/batch_config.py`) so
-that `serve deploy` can change them without restarting replicas.
+Batch sizes and wait times are *not* here: they are runtime knobs of each model deployment, set in its
+`user_config` (see `deployments/batch_config.py`) so that `serve deploy` can change them without restarting replicas.
 
-Unknown keys are errors: a typo in `serve_config.yaml` fails at start-up with
-the bad key quoted, instead of being ignored.
+Unknown keys are errors: a typo in `serve_config.yaml` fails at start-up with the bad key quoted, not ignored.
 """
 
 from __future__ import annotations
@@ -22,8 +20,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-from pydantic import SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
 from deployments.model_module import deployment_name
@@ -135,11 +132,14 @@ class IngressSettings(Section):
         description="Seconds sent in Retry-After with 503 answers when the service is overloaded.",
     )
     replica_retry_timeout_s: float = Field(
-        8.0, gt=0,
-        description="Longest a model call waits for a replica, then the request gets 503 + Retry-After: for "
-        "one to take the call while Serve's router knows no running replica of the model, after a replica of "
-        "the model failed, and for the one retry of a call whose replica died. Keep it under the client's patience (every "
-        "caller answered within ~10 s of a replica crash).",
+        8.0, gt=0, description="Longest a model call waits for a replica, then the request gets 503 + Retry-After: "
+        "for one to take the call while Serve's router knows no running replica of the model, after a replica of the "
+        "model failed, and for the one retry of a call whose replica died. Keep it under the client's patience "
+        "(every caller answered within ~10 s of a replica crash).",
+    )
+    crash_quarantine_s: float = Field(
+        600.0, gt=0, description="Records whose model calls lost 3 replicas within this long (they likely crash "
+        "the model) are refused with 500 `model_crashed` for this long, not sent; a job holding them fails.",
     )
     # API keys (serve_app/auth.py): from the environment or a mounted file only, never from `args:`
     # (refused there); `exclude`: never dumped, so never passed through Ray to the replicas, which

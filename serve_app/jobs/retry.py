@@ -1,5 +1,6 @@
 """What a running job waits out instead of failing: the job store restarting, and a model that
-answers 503 for a while (a replica or node lost, every replica busy). Both through tenacity."""
+answers 503 for a while (a replica or node lost, every replica busy). Both through tenacity. Not records that
+crash the model: their chunk fails its job (ModelCrashed)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from typing import Awaitable, Callable, TypeVar
 
 import tenacity
 
-from ..errors import ServeAppError
+from ..errors import ModelCrashed, ServeAppError
+from .settings import JobSettings
 
 logger = logging.getLogger("ray.serve")
 T = TypeVar("T")
@@ -46,11 +48,16 @@ async def store_write(call: Callable[[], Awaitable[T]]) -> T:
         raise StoreUnreachable(_name(exc)) from exc
 
 
-async def model_call(call: Callable[[], Awaitable[T]], retry_s: float) -> T:
-    """A chunk's model call: retried while the model answers a transient 503, up to `retry_s`
-    (jobs.model_retry_s); any other error is raised at once."""
-    return await _retrying(call, tenacity.retry_if_exception(transient), retry_s,
-                           tenacity.wait_exponential(multiplier=0.5, max=5.0), "job chunk's model call failed")
+async def model_call(call: Callable[[], Awaitable[T]], jobs: JobSettings, records: tuple[int, int]) -> T:
+    """A chunk's model call (of `records`, start and stop): retried while the model answers a transient 503, up to
+    jobs.model_retry_s; any other error is raised at once. Records that crash the model are one: after
+    their second attempt that lost two replicas in a row, ModelCrashed (serve_app/crash_quarantine.py), which
+    names them here."""
+    try:
+        return await _retrying(call, tenacity.retry_if_exception(transient), jobs.model_retry_s,
+                               tenacity.wait_exponential(multiplier=0.5, max=5.0), "job chunk's model call failed")
+    except ModelCrashed as exc:
+        raise ModelCrashed(f"{exc.message} (The job's records {records[0]}-{records[1] - 1}.)") from None
 
 
 async def _retrying(call: Callable[[], Awaitable[T]], retry: tenacity.retry_base, seconds: float,

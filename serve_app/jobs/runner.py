@@ -243,7 +243,7 @@ class JobRunner:
             start = index * record.chunk_records
             stop = min(start + record.chunk_records, record.records_total)
             part = piece(record.task, body, start, stop)
-            response = await retry.model_call(lambda: self._call(record.task, part), self.settings.jobs.model_retry_s)
+            response = await retry.model_call(lambda: self._call(record.task, part), self.settings.jobs, (start, stop))
             meta, data = encode_chunk_of(record.task, body, response)
             put = (record.id, index, stop - start, meta, data, self.limits.for_owner(record.owner))
             if not await retry.store_write(lambda: self.store.put_chunk(*put)):

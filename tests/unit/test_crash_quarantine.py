@@ -1,0 +1,133 @@
+"""Records that crash the model (a segfault, the OOM killer, a custom model's os._exit) are refused once calls
+with them lost three replicas, for ingress.crash_quarantine_s (serve_app/crash_quarantine.py): a retrying client or a
+job no longer takes replicas down every few seconds. A replica lost to anything else costs a call one death and is
+still retried and waited out."""
+
+import asyncio
+
+import pytest
+
+from serve_app.crash_quarantine import MAX_REMEMBERED, CrashQuarantine
+from serve_app.errors import ModelCrashed, ModelUnavailable
+from serve_app.handle_client import HandleClient
+from serve_app.schemas import TranslationPayload
+from serve_app.service import Service
+from serve_app.settings import load_settings
+from tests.unit.fakes import FakeEmbedder
+from tests.unit.test_coalescing_replica_deaths import CrashingDeployment
+from tests.unit.test_jobs import _finished, _runner
+from tests.unit.test_reliability import _died, _Handle
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_records_are_refused_from_their_third_death_for_quarantine_s_then_forgotten():
+    clock = Clock()
+    quarantine = CrashQuarantine("Translator", 60, clock=clock)
+    quarantine.check("translate", (["a"],))  # nothing died: nothing refused
+    assert quarantine.died("translate", (["a"],)) is None
+    assert quarantine.died("translate", (["a"],)) is None
+    quarantine.check("translate", (["a"],))
+    clock.now += 50
+    crashed = quarantine.died("translate", (["a"],))  # the third within 60 s
+    assert isinstance(crashed, ModelCrashed) and crashed.status_code == 500 and crashed.error_type == "model_crashed"
+    assert "3 Translator replicas died" in crashed.message and "refused for 60 s" in crashed.message
+    with pytest.raises(ModelCrashed):
+        quarantine.check("translate", (["a"],))
+    quarantine.check("translate", (["a", "b"],))  # other records, or the same under another method, go
+    quarantine.check("embed", (["a"],))
+    assert quarantine.refused == 1
+    clock.now += 59  # refused for 60 s from the third death, not from the first
+    with pytest.raises(ModelCrashed):
+        quarantine.check("translate", (["a"],))
+    clock.now += 1
+    quarantine.check("translate", (["a"],))  # forgotten, count and all: it may reach a replica again
+    assert quarantine.died("translate", (["a"],)) is None
+
+
+def test_deaths_further_apart_than_quarantine_s_are_not_counted_together_and_memory_is_bounded():
+    clock = Clock()
+    quarantine = CrashQuarantine("Embedder", 10, clock=clock)
+    for _ in range(5):  # a node lost every 10 s under the same records: never three within 10 s
+        assert quarantine.died("embed", (["x"],)) is None
+        assert quarantine.died("embed", (["x"],)) is None
+        clock.now += 10
+    for i in range(MAX_REMEMBERED + 5):
+        quarantine.died("embed", ([str(i)],))
+    assert len(quarantine._deaths) == MAX_REMEMBERED
+
+
+def test_the_handle_client_stops_retrying_at_the_third_death_and_then_refuses_without_sending():
+    handle = _Handle([_died(), _died(), _died(), "answer"])
+    client = HandleClient("Translator", handle, retry_after_s=3, quarantine_s=600)
+    with pytest.raises(ModelUnavailable) as first:  # the call and its retry died: 503, as ever
+        asyncio.run(client.call("translate", ["poison"]))
+    assert first.value.status_code == 503 and first.value.retry_after_s == 3
+    with pytest.raises(ModelCrashed):  # sent again: the third death, no retry
+        asyncio.run(client.call("translate", ["poison"]))
+    assert len(handle.sent) == 3
+    with pytest.raises(ModelCrashed):  # refused: no replica reached
+        asyncio.run(client.call("translate", ["poison"]))
+    assert len(handle.sent) == 3 and client.quarantine.refused == 1
+    assert asyncio.run(client.call("translate", ["fine"])) == "answer"
+
+
+def test_a_replica_lost_once_per_call_is_never_quarantined():
+    """A node lost now and then: each call's replica dies once and its retry is answered."""
+    handle = _Handle([_died(), "answer", _died(), "answer", _died(), "answer"])
+    client = HandleClient("Translator", handle)
+    assert [asyncio.run(client.call("translate", [f"x{i}"])) for i in range(3)] == ["answer"] * 3
+    assert client.quarantine.refused == 0 and max(count for count, _ in client.quarantine._deaths.values()) == 1
+
+
+def _request(service, *texts):
+    payload = TranslationPayload.model_validate(
+        {"fromLang": "en", "toLang": "pt", "records": [{"id": str(i), "text": t} for i, t in enumerate(texts)]})
+    return service.translate(payload)
+
+
+def test_a_client_retrying_a_crashing_request_costs_three_replicas_then_gets_500_and_others_are_answered():
+    deployment = CrashingDeployment()
+    deployment.gate.set()
+    service = Service(load_settings({}), translator=HandleClient("Translator", deployment), embedder=FakeEmbedder())
+
+    async def scenario():
+        outcomes = []
+        for _ in range(5):  # a client retrying its 503s, as serve_app/client does
+            try:
+                outcomes.append(await _request(service, "one", "poison"))
+            except (ModelUnavailable, ModelCrashed) as exc:
+                outcomes.append(type(exc))
+        fine = await _request(service, "one", "two")
+        return outcomes, [record.text for record in fine[0].result]
+
+    outcomes, fine = asyncio.run(scenario())
+    assert outcomes == [ModelUnavailable, ModelCrashed, ModelCrashed, ModelCrashed, ModelCrashed]
+    assert deployment.deaths() == 3
+    assert fine == ["[pt] one", "[pt] two"]
+
+
+def test_a_job_whose_records_crash_the_model_fails_after_three_replicas_not_two_every_few_seconds(tmp_path):
+    """The real HandleClient and Service under the job runner (which waits out 503s for model_retry_s)."""
+    deployment = CrashingDeployment()
+    deployment.gate.set()
+    texts = [f"t{i}" for i in range(20)]
+    texts[13] = "poison"
+
+    async def scenario():
+        runner, _, _ = await _runner(tmp_path, HandleClient("Translator", deployment), model_retry_s=300)
+        body = {"fromLang": "en", "toLang": "pt", "records": [{"id": str(i), "text": t} for i, t in enumerate(texts)]}
+        view = await _finished(runner, (await runner.submit("translation", body))["job_id"])
+        await runner.stop()
+        return view
+
+    view = asyncio.run(scenario())
+    assert view["status"] == "failed" and view["error"]["error_type"] == "model_crashed"
+    assert "records 8-15" in view["error"]["error"]
+    assert deployment.deaths() == 3
