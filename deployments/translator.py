@@ -9,7 +9,8 @@ from concurrent.futures import Future
 from ray import serve
 
 from .backends import load_translation_backend
-from .backends.segments import MAX_SEGMENT_CHARS, CutText, join_pieces, pack, segment, with_pieces
+from .backends.segments import (MAX_SEGMENT_CHARS, CutText, join_pieces, pack, segment, split_ends, with_ends,
+                                with_pieces)
 from .backends.token_counts import SourceTokenCounter
 from .batch_config import TRANSLATOR_BATCH, model_deployment_options
 from .batching import Chunk, count_records, run_grouped
@@ -74,7 +75,18 @@ class Translator(ModelReplica):
     async def translate(self, chunk: Chunk, background: bool = False) -> tuple[list[str], int]:
         """Translate one chunk; returns the texts and the largest model batch they rode in.
 
-        `background=True` (job records) queues the chunk behind interactive requests. A record whose source
+        `background=True` (job records) queues the chunk behind interactive requests. A record's leading and
+        trailing whitespace (a model reads none of it: "Hello.\\n" came back "Olá.") goes around its translation
+        as the source had it (`split_ends`)."""
+        ends = [split_ends(text) for text in chunk.texts]
+        if not any(lead or trail for lead, _, trail in ends):
+            return await self._translate_records(chunk, background)
+        texts, batch = await self._translate_records(
+            Chunk(chunk.source, chunk.target, [middle for _, middle, _ in ends]), background)
+        return [with_ends(text, lead, trail) for text, (lead, _, trail) in zip(texts, ends)], batch
+
+    async def _translate_records(self, chunk: Chunk, background: bool) -> tuple[list[str], int]:
+        """`translate` of records without leading or trailing whitespace. A record whose source
         is longer than the model reads, or has several lines, goes to the model as its pieces of whole sentences
         (`pieces_of`: never across a line break); one the model still cut short (its translation at
         max_new_tokens) is translated again in pieces, if it has several; if that fails, it stays as the first pass

@@ -44,7 +44,8 @@ def segment(text: str, max_chars: int) -> list[tuple[str, str]]:
     """Split `text` into (piece, separator-after) pairs: lines, then sentences, then chunks of at
     most `max_chars`. Joining piece + separator in order restores the layout: a line's break as the
     text has it (LF, CR LF, or any other Unicode line boundary), blank lines, the next line's indentation;
-    sentence gaps as one space, a line's trailing spaces dropped, and the text's leading and trailing whitespace."""
+    sentence gaps as one space, a line's trailing spaces dropped, and the text's leading and trailing whitespace
+    (the Translator sends a record without its ends and puts them back: `split_ends`)."""
     out: list[tuple[str, str]] = []
     for line in text.splitlines(keepends=True):
         body = line.splitlines()[0]
@@ -144,6 +145,22 @@ def join_pieces(texts: list[str], pieces: dict[int, list[tuple[str, str]]], out:
     return joined
 
 
+def split_ends(text: str) -> tuple[str, str, str]:
+    """(leading whitespace, the text between, trailing whitespace): a model reads none of the ends (a tokenizer
+    drops them), so the Translator sends the middle and puts the ends back around its translation (`with_ends`).
+    A text of whitespace only is all middle (the ingress refuses blank records anyway)."""
+    middle = text.strip()
+    if not middle:
+        return "", text, ""
+    lead = text[:len(text) - len(text.lstrip())]
+    return lead, middle, text[len(lead) + len(middle):]
+
+
+def with_ends(translation: str, lead: str, trail: str) -> str:
+    """`translation` between a source's ends (`split_ends`); a CutText stays one."""
+    return translation if not (lead or trail) else type(translation)(lead + translation + trail)
+
+
 class CutText(str):
     """A translation the model cut short: its source was longer than the model reads, or its output
     reached `max_new_tokens`. Compares and serialises as the plain text it is."""
@@ -167,4 +184,5 @@ def mark_cut(texts: Sequence[str], cut: Sequence[bool]) -> list[str]:
     return [CutText(text) if was_cut else text for text, was_cut in zip(texts, cut)]
 
 
-__all__ = ["MAX_SEGMENT_CHARS", "UNSPACED_LANGUAGES", "CutText", "cut_short", "join", "mark_cut", "pack", "segment"]
+__all__ = ["MAX_SEGMENT_CHARS", "UNSPACED_LANGUAGES", "CutText", "cut_short", "join", "mark_cut", "pack", "segment",
+           "split_ends", "with_ends"]

