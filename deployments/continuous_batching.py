@@ -288,8 +288,11 @@ class ContinuousScheduler:
             self._waiting.clear()
             dropped, self._dropped = self._dropped, 0
         fatal = self._broken is not None
-        self._fail_running(error, waiting + list(joining),
-                           StepOutcome(0, 0, 0, {}, 0.0, 0.0, 0, dropped, fatal, self._broken, fatal))
+        try:
+            self._fail_running(error, waiting + list(joining),
+                               StepOutcome(0, 0, 0, {}, 0.0, 0.0, 0, dropped, fatal, self._broken, fatal))
+        except Exception:  # noqa: BLE001 - a sticky device error: the calls were answered all the same
+            logger.exception("continuous decoding: its rows could not be dropped as it stopped")
 
     def _report(self, outcome: Optional[StepOutcome]) -> None:
         try:

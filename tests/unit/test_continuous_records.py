@@ -5,6 +5,7 @@ decoding thread that stops. On the fake decoder (fake_decoder.py)."""
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
@@ -100,10 +101,14 @@ def test_the_records_of_a_decoding_thread_that_stopped_are_counted_failed(transl
     assert _tallies(translator) == (2, 0, 0, 2)
 
 
-def test_a_failed_step_whose_rows_cannot_be_dropped_nor_reset_still_answers_its_callers(translator, loop):
+def test_a_failed_step_whose_rows_cannot_be_dropped_nor_reset_still_answers_its_callers(translator, loop,
+                                                                                       monkeypatch):
     """From a review: after a device error that every later device call repeats (CUDA's are sticky), dropping the
     failed rows and resetting the caches raise too. The callers, claimed first, were never answered: the thread died
-    trying to claim them again, and they waited for their deadline."""
+    trying to claim them again, and they waited for their deadline. The thread then stops (the replica is broken),
+    logged: no exception escapes it."""
+    escaped = []
+    monkeypatch.setattr(threading, "excepthook", escaped.append)
     decoder = translator._continuous.scheduler.decoder
     decoder.hold()
     (task,) = _start_together(translator, loop, Chunk("en", "de", ["abc", "abcd"]))
@@ -116,4 +121,8 @@ def test_a_failed_step_whose_rows_cannot_be_dropped_nor_reset_still_answers_its_
     decoder.release()
     error = _settled(loop, task, timeout_s=10)
     assert isinstance(error, BackendError) and "generation failed" in str(error)
+    scheduler = translator._continuous.scheduler
+    scheduler._thread.join(30)
+    assert not scheduler._thread.is_alive() and scheduler._broken is not None
+    assert escaped == []
     del decoder.drop, decoder._reset
