@@ -158,7 +158,7 @@ def _export(folder: Path, out: Path, max_seq_tokens: int) -> None:
     dynamic = tuple({0: torch.export.Dim.DYNAMIC, 1: torch.export.Dim.DYNAMIC} for _ in _INPUTS)
     try:
         with torch.inference_mode():  # torch.export's exporter: the TorchScript one gave cosine 0.85-0.99
-            torch.onnx.export(Encoder(), tuple(sample[n] for n in _INPUTS), str(out), input_names=list(_INPUTS),
+            torch.onnx.export(Encoder().eval(), tuple(sample[n] for n in _INPUTS), str(out), input_names=list(_INPUTS),
                               output_names=["hidden"], dynamic_shapes=dynamic, dynamo=True, external_data=False,
                               verbose=False)
             expected = mean_pooled(Encoder()(*(sample[n] for n in _INPUTS)).numpy(), sample["attention_mask"].numpy())
