@@ -89,11 +89,13 @@ class CallCoalescer:
 
     def __init__(self, send: Callable[..., Awaitable[Any]], slice_result: Callable[[Any, int, int], Any], *,
                  max_records: int, max_inflight_calls: int, isolate_replica_deaths: bool = False,
-                 replica_retry_timeout_s: float = 8.0):
+                 replica_retry_timeout_s: float = 8.0, refuse: Optional[Callable[[Hashable, Sequence], None]] = None):
         if max_records < 1 or max_inflight_calls < 1:
             raise ValueError(f"max_records and max_inflight_calls must be >= 1, got {max_records!r} "
                              f"and {max_inflight_calls!r}")
         self._send, self._slice, self._isolate = send, slice_result, isolate_replica_deaths
+        #: `refuse(key, records)` raises for a caller's records that must not be sent (a model's crash quarantine)
+        self._refuse = refuse
         self.max_records, self.max_inflight_calls = max_records, max_inflight_calls
         #: after a replica death, how long a shared call's callers go again one at a time; the rest then get its 503
         self.replica_retry_timeout_s = replica_retry_timeout_s
@@ -106,10 +108,29 @@ class CallCoalescer:
         self.calls_sent = 0
         self.records_sent = 0
 
+    @classmethod
+    def of_method(cls, call: Callable[..., Awaitable[Any]], method: str, arg_of: Callable[[Hashable, list], Any],
+                  slice_result: Callable[[Any, int, int], Any], *, quarantine: Any = None,
+                  **options: Any) -> "CallCoalescer":
+        """Calls `call(method, arg_of(key, records))`. With a model deployment's `quarantine`
+        (serve_app/crash_quarantine.py: HandleClient's, which also means isolating replica deaths), each caller's
+        records are checked as the call they would make alone before they share one."""
+        def send(key: Hashable, records: list, **how: bool) -> Awaitable[Any]:
+            return call(method, arg_of(key, records), **how)
+
+        def refuse(key: Hashable, records: Sequence) -> None:
+            if quarantine.active:
+                quarantine.check(method, (arg_of(key, list(records)),))
+
+        return cls(send, slice_result, isolate_replica_deaths=quarantine is not None,
+                   refuse=refuse if quarantine is not None else None, **options)
+
     async def submit(self, key: Hashable, records: Sequence) -> Any:
         """The result of a call with `records` (at most `max_records` of them)."""
         if not 0 < len(records) <= self.max_records:
             raise ValueError(f"a call carries 1..{self.max_records} records, got {len(records)}")
+        if self._refuse is not None:  # before they share a call: refused alone, not with the others in it
+            self._refuse(key, records)
         waiter = _Waiter(records, asyncio.get_running_loop().create_future())
         call = self._filling.get(key)
         if call is None or call.records + len(records) > self.max_records:

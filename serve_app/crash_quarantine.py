@@ -43,6 +43,11 @@ class CrashQuarantine:
         #: calls refused without reaching a replica (tests and logs read it)
         self.refused = 0
 
+    @property
+    def active(self) -> bool:
+        """Whether any replica died holding records within the quarantine (else `check` refuses nothing)."""
+        return bool(self._deaths)
+
     def check(self, method: str, args: tuple) -> None:
         """Raise ModelCrashed if these records are refused now. Costs nothing while no replica died."""
         if not self._deaths:

@@ -67,24 +67,24 @@ class Service:
         # Concurrent requests' records share calls to the models once max_inflight_calls_per_model
         # are in flight (serve_app/coalescing.py): fewer handle calls, each fuller. A model in a deployment
         # of its own (a HandleClient; not one placed here, nor the jobs' BackgroundClient) also keeps an input
-        # that crashes its replica from failing the others who shared the call.
-        def coalesced(client: ModelClient, send, slice_result, max_records: int) -> CallCoalescer:
-            return CallCoalescer(send, slice_result, max_records=max_records,
-                                 max_inflight_calls=self.limits.max_inflight_calls_per_model,
-                                 isolate_replica_deaths=isinstance(client, HandleClient),
-                                 replica_retry_timeout_s=self.limits.replica_retry_timeout_s)
+        # that crashes its replica from failing the others who shared the call, and refuses a caller's records
+        # that crashed it before they share a call (serve_app/crash_quarantine.py).
+        def coalesced(client: ModelClient, method: str, arg_of, slice_result, max_records: int) -> CallCoalescer:
+            return CallCoalescer.of_method(
+                client.call, method, arg_of, slice_result, max_records=max_records,
+                max_inflight_calls=self.limits.max_inflight_calls_per_model,
+                replica_retry_timeout_s=self.limits.replica_retry_timeout_s,
+                quarantine=client.quarantine if isinstance(client, HandleClient) else None)
 
         self._translate_calls = coalesced(
-            translator,
-            lambda pair, texts, **how: self.translator.call("translate", Chunk(pair[0], pair[1], texts), **how),
+            translator, "translate", lambda pair, texts: Chunk(pair[0], pair[1], texts),
             lambda result, start, stop: (result[0][start:stop], result[1]), self.limits.records_per_call)
         self._embed_calls = coalesced(
-            embedder, lambda _, texts, **how: self.embedder.call("embed", texts, **how),
+            embedder, "embed", lambda _, texts: texts,
             lambda result, start, stop: (result[0][start:stop], result[1][start:stop], result[2]),
             self.limits.inputs_per_embedding_call)
         self._predict_calls = {
-            name: coalesced(model.client,
-                            lambda _, items, client=model.client, **how: client.call("predict", items, **how),
+            name: coalesced(model.client, "predict", lambda _, items: items,
                             lambda result, start, stop: (result[0][start:stop], result[1]),
                             self.limits.inputs_per_predict_call)
             for name, model in self.custom_models.items()}

@@ -7,13 +7,15 @@ import asyncio
 
 import pytest
 
-from serve_app.crash_quarantine import MAX_REMEMBERED, CrashQuarantine
+from deployments.batching import Chunk
+from serve_app.crash_quarantine import MAX_DEATHS, MAX_REMEMBERED, CrashQuarantine
 from serve_app.errors import ModelCrashed, ModelUnavailable
 from serve_app.handle_client import HandleClient
 from serve_app.schemas import TranslationPayload
 from serve_app.service import Service
 from serve_app.settings import load_settings
 from tests.unit.fakes import FakeEmbedder
+from tests.unit.test_coalescing import until
 from tests.unit.test_coalescing_replica_deaths import CrashingDeployment
 from tests.unit.test_jobs import _finished, _runner
 from tests.unit.test_reliability import _died, _Handle
@@ -111,6 +113,32 @@ def test_a_client_retrying_a_crashing_request_costs_three_replicas_then_gets_500
     assert outcomes == [ModelUnavailable, ModelCrashed, ModelCrashed, ModelCrashed, ModelCrashed]
     assert deployment.deaths() == 3
     assert fine == ["[pt] one", "[pt] two"]
+
+
+def test_refused_records_are_refused_before_they_share_a_call_and_reach_no_replica():
+    """From a review: HandleClient checks the records of each call, and under load a call carries several requests'
+    records, so refused records that shared one reached a replica, and took it down, every time. Each request's
+    records are checked before they share a call (the coalescer's `refuse`), and the others' call goes without them."""
+    deployment = CrashingDeployment()
+    client = HandleClient("Translator", deployment)
+    for _ in range(MAX_DEATHS):  # the deaths a retrying client cost before (as above)
+        client.quarantine.died("translate", (Chunk("en", "pt", ["poison"]),))
+    service = Service(load_settings({"ingress": {"max_inflight_calls_per_model": 1}}), translator=client,
+                      embedder=FakeEmbedder())
+
+    async def scenario():
+        first = asyncio.ensure_future(_request(service, "first"))  # holds the one call slot: the others share
+        await until(lambda: len(deployment.translations) == 1)
+        shared = [asyncio.ensure_future(_request(service, *texts)) for texts in (["one"], ["poison"], ["two"])]
+        pending = service._translate_calls._pending
+        await until(lambda: shared[1].done() and pending and len(pending[0].waiters) == 2)
+        deployment.gate.set()
+        return await asyncio.gather(first, *shared, return_exceptions=True)
+
+    first, one, poison, two = asyncio.run(scenario())
+    assert isinstance(poison, ModelCrashed) and client.quarantine.refused == 1
+    assert deployment.deaths() == 0 and deployment.translations[1:] == [["one", "two"]]
+    assert [r.text for r in one[0].result] == ["[pt] one"] and [r.text for r in two[0].result] == ["[pt] two"]
 
 
 def test_a_job_whose_records_crash_the_model_fails_after_three_replicas_not_two_every_few_seconds(tmp_path):
