@@ -44,6 +44,9 @@ PROXY_CHOICES = ("auto", "haproxy", "python")
 #: (ray/serve/_private/constants.py). Kept when free, so scrape configs find them.
 DEFAULT_HAPROXY_STATS_PORT = 8404
 DEFAULT_HAPROXY_METRICS_PORT = 9101
+#: Ray's port for Serve's Python proxy behind HAProxy, which gets requests while no Ingress replica is up: a second
+#: run that kept it answered them (its readiness check, a job) from the first run's proxy (a chaos run).
+DEFAULT_FALLBACK_PROXY_PORT = 8500
 
 #: HAProxy refuses a unix socket path longer than this, and Ray puts each node's HAProxy files in
 #: a subfolder named by the node id (56 hex digits) of the folder configured here.
@@ -247,12 +250,12 @@ def proxy_environment(choice: str, run_dir: Path, environ: Mapping[str, str] = o
       binary is a ProxyChoiceError.
     - With HAProxy, each run gets its own config file, admin socket and server-state files in
       `run_dir` (Ray's defaults are one folder, /tmp/haproxy-serve, for every cluster on the
-      machine; a `run_dir` too long for HAProxy's socket paths keeps Ray's). Its stats and
-      metrics ports are Ray's defaults unless taken (a second run, or an `haproxy` left over
-      from a killed one, holds them) or claimed by another launcher that has not started its
-      HAProxy yet (`claim_port`; this process keeps its claims until it exits). HAProxy gets no more threads than the machine has cores,
-      a stopping Ingress replica stays reachable for LOCAL_DRAINING_PERIOD_S, not Ray's 30 s, and
-      a request whose replica died before answering is resent to another (haproxy_retry_policy).
+      machine; a `run_dir` too long for HAProxy's socket paths keeps Ray's). Its stats and metrics ports, and
+      its fallback Python proxy's, are Ray's defaults unless taken (a second run, or an `haproxy` left over
+      from a killed one, holds them) or claimed by another launcher that has not started its HAProxy yet
+      (`claim_port`; this process keeps its claims until it exits). HAProxy gets no more threads than the machine
+      has cores, a stopping Ingress replica stays reachable for LOCAL_DRAINING_PERIOD_S, not Ray's 30 s, and a
+      request whose replica died before answering is resent to another (haproxy_retry_policy).
     - With HAProxy and `shedding` (proxy_shedding.shedding_for_config of the config served), HAProxy
       sends each Ingress replica no more than it holds and queues the rest (serve_app/proxy_shedding.py).
     """
@@ -296,4 +299,5 @@ def proxy_environment(choice: str, run_dir: Path, environ: Mapping[str, str] = o
     added = {k: v for k, v in wanted.items() if k not in environ}
     added.update(_port_for(environ, "RAY_SERVE_HAPROXY_STATS_PORT", DEFAULT_HAPROXY_STATS_PORT))
     added.update(_port_for(environ, "RAY_SERVE_HAPROXY_METRICS_PORT", DEFAULT_HAPROXY_METRICS_PORT))
+    added.update(_port_for(environ, "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT", DEFAULT_FALLBACK_PROXY_PORT))
     return "haproxy", added

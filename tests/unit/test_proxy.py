@@ -103,16 +103,23 @@ def test_variables_the_user_set_are_never_overwritten(tmp_path, fake_haproxy):
     assert not set(added) & set(env)
 
 
-def test_a_taken_stats_or_metrics_port_is_replaced_by_a_free_one(tmp_path, fake_haproxy, monkeypatch):
+@pytest.mark.parametrize("default, variable", [
+    ("DEFAULT_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_STATS_PORT"),
+    ("DEFAULT_HAPROXY_METRICS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT"),
+    # from a chaos run: the second of two runs kept 8500, its Python proxy could not bind it, and its HAProxy
+    # sent requests (its readiness check, a job) to the first run's proxy while its own Ingress was starting
+    ("DEFAULT_FALLBACK_PROXY_PORT", "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT"),
+])
+def test_a_taken_port_is_replaced_by_a_free_one(tmp_path, fake_haproxy, monkeypatch, default, variable):
     # A second run, or an haproxy left over from a killed one, holds Ray's default ports.
     with socket.socket() as held:
         held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         held.bind(("0.0.0.0", 0))
         held.listen()
         taken = held.getsockname()[1]
-        monkeypatch.setattr(proxy, "DEFAULT_HAPROXY_STATS_PORT", taken)
+        monkeypatch.setattr(proxy, default, taken)
         _, added = proxy_environment("auto", tmp_path, {"RAY_SERVE_HAPROXY_BINARY_PATH": str(fake_haproxy)})
-    port = int(added["RAY_SERVE_HAPROXY_STATS_PORT"])
+    port = int(added[variable])
     assert port != taken and port in proxy.FALLBACK_PORTS
 
 
