@@ -53,15 +53,16 @@ def test_a_worker_cut_off_from_the_network_under_load_then_joined_again(cluster,
         load.wait_answers(20, 60)
         cut_at = time.monotonic()
         cluster.network.set_link(victim.index, up=False)
-        try:
-            replaced_s = wait_for(lambda: at_full_strength(cluster, victim.address) and time.monotonic() - cut_at,
-                                  RECOVERY_BOUND_S, "the cut pod's replicas replaced on the others", 0.5)
-            # The outage's length, not a wait for an event:
-            time.sleep(max(0.0, PARTITION_S - (time.monotonic() - cut_at)))
-        finally:
-            cluster.network.set_link(victim.index, up=True)
-        healed_at = time.monotonic()
-        try:  # declared dead, the node's `ray start` exits once it hears so; the kubelet starts it again
+        try:  # the node started again whatever fails here: the next tests share the cluster
+            try:
+                replaced_s = wait_for(lambda: at_full_strength(cluster, victim.address) and time.monotonic() - cut_at,
+                                      RECOVERY_BOUND_S, "the cut pod's replicas replaced on the others", 0.5)
+                # The outage's length, not a wait for an event:
+                time.sleep(max(0.0, PARTITION_S - (time.monotonic() - cut_at)))
+            finally:
+                cluster.network.set_link(victim.index, up=True)
+                healed_at = time.monotonic()
+            # declared dead, the node's `ray start` exits once it hears so; the kubelet starts it again
             exited_s = wait_for(lambda: not victim.alive and time.monotonic() - healed_at, 120,
                                 "the cut node's `ray start` to exit after the link came back", 0.5)
         finally:
