@@ -70,9 +70,8 @@ class ContinuousScheduler:
         self.max_background_sequences: Optional[int] = None
         #: per-sequence decode limits; default: the same for every sequence (the backend's settings)
         self.limits: Limits = lambda text, ids: (max_new_tokens, min_new_tokens)
-        self._on_step = on_step
+        self._on_step, self._cond = on_step, threading.Condition()
         self._waiting: dict[int, deque[DecodeRequest]] = {}
-        self._cond = threading.Condition()
         self._closed, self._broken, self._joining = False, None, []  # _broken: the BackendError that stopped the thread
         self._dropped = 0  # sequences of cancelled calls skipped in the queue since the last step
         self._held_peak = 0  # most cache token slots held since the heap was last given back
@@ -270,12 +269,13 @@ class ContinuousScheduler:
             result = exc
         settle(call.future, result)
 
-    def _fail_running(self, error: BaseException, extra: Sequence, outcome: StepOutcome, counted=frozenset()) -> None:
-        """The running (and `extra`) sequences' calls fail with `error`: rows dropped, `outcome` reported with the
-        sequences that failed and the cancelled ones taken out (less the `counted` tags), answered."""
+    def _fail_running(self, error: BaseException, extra: Sequence, outcome: StepOutcome, counted=frozenset(),
+                      stopping: bool = False) -> None:
+        """The running (and `extra`) sequences' calls fail with `error`: rows dropped (`stopping`: if they cannot be,
+        logged, not raised), `outcome` reported with the failed and cancelled ones (less `counted` tags), answered."""
         failing, failed, dropped = claim_failing([r.request for r in self.decoder.rows] + list(extra), counted)
         try:
-            drop_every_row(self.decoder)
+            drop_every_row(self.decoder, raise_reset_error=not stopping)
             self._report(replace(outcome, failed_records=failed, dropped=outcome.dropped + dropped))
         finally:  # claimed (running): answered here or never, also when dropping the rows raised (a device error)
             for call in failing:
@@ -288,11 +288,8 @@ class ContinuousScheduler:
             self._waiting.clear()
             dropped, self._dropped = self._dropped, 0
         fatal = self._broken is not None
-        try:
-            self._fail_running(error, waiting + list(joining),
-                               StepOutcome(0, 0, 0, {}, 0.0, 0.0, 0, dropped, fatal, self._broken, fatal))
-        except Exception:  # noqa: BLE001 - a sticky device error: the calls were answered all the same
-            logger.exception("continuous decoding: its rows could not be dropped as it stopped")
+        self._fail_running(error, waiting + list(joining),
+                           StepOutcome(0, 0, 0, {}, 0.0, 0.0, 0, dropped, fatal, self._broken, fatal), stopping=True)
 
     def _report(self, outcome: Optional[StepOutcome]) -> None:
         try:

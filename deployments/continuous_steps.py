@@ -55,11 +55,17 @@ def claim_failing(requests: Iterable[Any], counted: frozenset = frozenset()) -> 
     return failing, sum(call.left for call in failing), dropped
 
 
-def drop_every_row(decoder: Any) -> None:
+def drop_every_row(decoder: Any, raise_reset_error: bool = True) -> None:
     """Take every row out of a continuous decoder's batch (its calls failed); if that fails (e.g. no memory to
-    reshuffle the caches), start again from empty caches."""
+    reshuffle the caches), start again from empty caches. If that fails too (a sticky device error), it raises, or
+    with `raise_reset_error=False` (the decoding thread stops anyway) logs."""
     try:
         decoder.drop({row.request.tag for row in decoder.rows})
     except Exception:  # noqa: BLE001
         logger.exception("continuous decoding: dropping the failed rows failed; the running batch is reset")
-        decoder._reset()  # both engines' (continuous_decoder.py, slot_decoder.py): no rows, empty caches
+        try:
+            decoder._reset()  # both engines' (continuous_decoder.py, slot_decoder.py): no rows, empty caches
+        except Exception:  # noqa: BLE001
+            if raise_reset_error:
+                raise
+            logger.exception("continuous decoding: resetting the running batch failed too, as the decoding stopped")

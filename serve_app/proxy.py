@@ -53,25 +53,22 @@ DEFAULT_FALLBACK_PROXY_PORT = 8500
 MAX_HAPROXY_SOCKET_PATH = 97
 _NODE_FOLDER_CHARS = 1 + 56
 
-#: Seconds Serve keeps a stopping Ingress replica reachable behind HAProxy. Ray's default (30 s,
-#: RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S) gives load balancers on other nodes time to
-#: deregister it; the launcher's HAProxy runs on the same node and is reconfigured within a
-#: fraction of a second, and HAProxy retries a connection the replica refuses afterwards. With
-#: Ray's 30 s, Ctrl-C on `make run` took 35 s to exit instead of 11-13 s.
+#: Seconds Serve keeps a stopping Ingress replica reachable behind HAProxy. Ray's default (30 s) gives load
+#: balancers on other nodes time to deregister it (RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S); the launcher's
+#: HAProxy runs on the same node, is reconfigured within a fraction of a second, and retries a connection the replica
+#: refuses afterwards. With Ray's 30 s, Ctrl-C on `make run` took 35 s to exit instead of 11-13 s.
 LOCAL_DRAINING_PERIOD_S = 2.0
 
-#: Ray's default is 4 HAProxy threads; on a small machine more threads than cores only
-#: compete with the models.
+#: Ray's default is 4 HAProxy threads; on a small machine more threads than cores only compete with the models.
 MAX_HAPROXY_THREADS = 4
 
-#: When HAProxy resends a request to another Ingress replica (`option redispatch 1` in Ray's
-#: template). Ray's default, `conn-failure`, resends only requests that never reached a replica.
-#: `empty-response` also resends those whose replica died before answering a byte (its process
-#: was killed, or a model placed in the Ingress crashed it): the model routes are idempotent, so
-#: with two Ingress replicas a crash costs the clients in flight latency, not an error
-#: (docs/reliability.md section 2). `POST /jobs` is not idempotent by itself: a resent submission
-#: carries the x-request-id HAProxy gave the first attempt, and the JobManager answers it with the
-#: job that attempt created (serve_app/jobs/job.py `submission_key`).
+#: When HAProxy resends a request to another Ingress replica (`option redispatch 1` in Ray's template). Ray's default,
+#: `conn-failure`, resends only requests that never reached a replica. `empty-response` also resends those whose replica
+#: died before answering a byte (its process was killed, or a model placed in the Ingress crashed it): the model routes
+#: are idempotent, so with two Ingress replicas a crash costs the clients in flight latency, not an error
+#: (docs/reliability.md section 2). `POST /jobs` is not idempotent by itself: a resent submission carries the
+#: x-request-id HAProxy gave the first attempt, and the JobManager answers it with the job that attempt created
+#: (serve_app/jobs/job.py `submission_key`).
 HAPROXY_RETRY_ON = "conn-failure empty-response"
 
 #: HAProxy can only resend a request it holds whole. Without `option http-buffer-request` it
