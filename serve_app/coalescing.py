@@ -89,13 +89,16 @@ class CallCoalescer:
 
     def __init__(self, send: Callable[..., Awaitable[Any]], slice_result: Callable[[Any, int, int], Any], *,
                  max_records: int, max_inflight_calls: int, isolate_replica_deaths: bool = False,
-                 replica_retry_timeout_s: float = 8.0, refuse: Optional[Callable[[Hashable, Sequence], None]] = None):
+                 replica_retry_timeout_s: float = 8.0, refuse: Optional[Callable[[Hashable, Sequence], None]] = None,
+                 died: Optional[Callable[[Hashable, Sequence], Optional[Exception]]] = None):
         if max_records < 1 or max_inflight_calls < 1:
             raise ValueError(f"max_records and max_inflight_calls must be >= 1, got {max_records!r} "
                              f"and {max_inflight_calls!r}")
         self._send, self._slice, self._isolate = send, slice_result, isolate_replica_deaths
-        #: `refuse(key, records)` raises for a caller's records that must not be sent (a model's crash quarantine)
-        self._refuse = refuse
+        #: `refuse(key, records)` raises for a caller's records that must not be sent (a model's crash quarantine);
+        #: `died(key, records)` counts a shared call's replica death against one caller's records: the error to give
+        #: that caller instead of sending them again, if any
+        self._refuse, self._died = refuse, died
         self.max_records, self.max_inflight_calls = max_records, max_inflight_calls
         #: after a replica death, how long a shared call's callers go again one at a time; the rest then get its 503
         self.replica_retry_timeout_s = replica_retry_timeout_s
@@ -122,8 +125,12 @@ class CallCoalescer:
             if quarantine.active:
                 quarantine.check(method, (arg_of(key, list(records)),))
 
-        return cls(send, slice_result, isolate_replica_deaths=quarantine is not None,
-                   refuse=refuse if quarantine is not None else None, **options)
+        def died(key: Hashable, records: Sequence) -> Optional[Exception]:
+            return quarantine.died(method, (arg_of(key, list(records)),))
+
+        isolate = quarantine is not None
+        return cls(send, slice_result, isolate_replica_deaths=isolate, refuse=refuse if isolate else None,
+                   died=died if isolate else None, **options)
 
     async def submit(self, key: Hashable, records: Sequence) -> Any:
         """The result of a call with `records` (at most `max_records` of them)."""
@@ -197,6 +204,9 @@ class CallCoalescer:
         except Exception as exc:
             live = [waiter for waiter in call.waiters if not waiter.future.done()]
             if shared and isinstance(exc, ReplicaLost):  # any caller's input may have crashed the replica
+                for waiter in live if self._died is not None else ():
+                    if (crashed := self._died(call.key, waiter.records)) is not None:
+                        waiter.future.set_exception(crashed)  # not sent again: refused from now on
                 await self._one_at_a_time(call.key, live, exc)
             elif len(call.waiters) > 1 and _one_caller_s(exc):  # others' records rode in it, gone or not
                 for waiter in live:

@@ -8,7 +8,9 @@ the replicas that died holding each call's records (method and arguments, whatev
 `MAX_DEATHS`-th death within `ingress.crash_quarantine_s` gets 500 `model_crashed` instead of a retry, and so
 does every call with the same records for that long, without reaching a replica. A replica lost to anything else
 (a node, a SIGKILL) costs a call one death, retried and waited out as ever; three within the window for the very
-same records is what crashing them looks like.
+same records is what crashing them looks like. Records answered are forgotten. A call that several requests share
+(serve_app/coalescing.py) counts its death against each caller's records, which then go again alone: the innocent
+ones are answered, and forgotten.
 
 Per process (each Ingress replica, the JobManager): on a cluster a few more crashes happen before every Ingress
 refuses them, and the same input inside another request's records (another call) is not recognised.
@@ -73,6 +75,12 @@ class CrashQuarantine:
         logger.error("%s.%s: %d replicas died holding the same records within %g s; refused for as long",
                      self.name, method, count, self.quarantine_s)
         return self._error(method, count)
+
+    def answered(self, method: str, args: tuple) -> None:
+        """These records were computed: a death they were counted in was not theirs (a node lost, another caller's
+        input in a shared call), so it is forgotten."""
+        if self._deaths:
+            self._deaths.pop(_fingerprint(method, args), None)
 
     def _entry(self, key: bytes) -> tuple[int, float] | None:
         entry = self._deaths.get(key)

@@ -33,8 +33,9 @@ class HandleClient:
     the replica. `after_replica_death=True`: the call is the retry of such a call (one request's records of it):
     it waits for a replica as a retry does and counts as the one retry. A replica that stopped is no death: a call
     it did not compute is retried as ever. Records whose calls lost `MAX_DEATHS` (3) replicas within `quarantine_s`
-    get ModelCrashed (500) instead of a retry, and every call with them does for that long
-    (serve_app/crash_quarantine.py)."""
+    get ModelCrashed (500) instead of a retry, and every call with them does for that long; records answered are
+    forgotten (serve_app/crash_quarantine.py). A shared call's death is counted by the coalescer, against each of
+    its callers' records."""
 
     def __init__(self, name: str, handle: Any, *, retry_after_s: int = 2, retries_on_replica_death: int = 1,
                  retry_timeout_s: float = 8.0, quarantine_s: float = 600.0):
@@ -69,6 +70,7 @@ class HandleClient:
         self.quarantine.check(method, args)
         result = await self._call(method, args, kwargs, retry_on_replica_death, after_replica_death)
         self.last_answer_at = time.monotonic()
+        self.quarantine.answered(method, args)
         return result
 
     async def _call(self, method: str, args: tuple, kwargs: dict, retry: bool, after_death: bool) -> Any:
@@ -126,7 +128,8 @@ class HandleClient:
                     raise self._task_error(exc, method) from None  # an actor's death as RayTaskError(ActorDiedError))
                 if not stopped:  # (a stop is no failure: the other calls it holds get ReplicaStopped themselves)
                     self._signal_replica_failure()
-                    if (crashed := self.quarantine.died(method, args)) is not None:
+                    shared = not (retry or after_death)  # (its callers' records are counted by the coalescer)
+                    if not shared and (crashed := self.quarantine.died(method, args)) is not None:
                         raise crashed from None
                     if not retry:
                         raise self._lost(method, attempt, exc) from None
