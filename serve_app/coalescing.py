@@ -121,12 +121,15 @@ class CallCoalescer:
         def send(key: Hashable, records: list, **how: bool) -> Awaitable[Any]:
             return call(method, arg_of(key, records), **how)
 
+        def alone(key: Hashable, records: Sequence) -> tuple:  # the args of the call `send` makes of them alone
+            return (arg_of(key, list(records)),)
+
         def refuse(key: Hashable, records: Sequence) -> None:
             if quarantine.active:
-                quarantine.check(method, (arg_of(key, list(records)),))
+                quarantine.check(method, alone(key, records))
 
         def died(key: Hashable, records: Sequence) -> Optional[Exception]:
-            return quarantine.died(method, (arg_of(key, list(records)),))
+            return quarantine.died(method, alone(key, records))
 
         isolate = quarantine is not None
         return cls(send, slice_result, isolate_replica_deaths=isolate, refuse=refuse if isolate else None,

@@ -156,12 +156,13 @@ def _export(folder: Path, out: Path, max_seq_tokens: int) -> None:
     sample = tokenizer(list(SAMPLE_TEXTS), padding=True, truncation=True, max_length=max_seq_tokens,
                        return_tensors="pt")
     dynamic = tuple({0: torch.export.Dim.DYNAMIC, 1: torch.export.Dim.DYNAMIC} for _ in _INPUTS)
+    encoder = Encoder().eval()
     try:
         with torch.inference_mode():  # torch.export's exporter: the TorchScript one gave cosine 0.85-0.99
-            torch.onnx.export(Encoder().eval(), tuple(sample[n] for n in _INPUTS), str(out), input_names=list(_INPUTS),
+            torch.onnx.export(encoder, tuple(sample[n] for n in _INPUTS), str(out), input_names=list(_INPUTS),
                               output_names=["hidden"], dynamic_shapes=dynamic, dynamo=True, external_data=False,
                               verbose=False)
-            expected = mean_pooled(Encoder()(*(sample[n] for n in _INPUTS)).numpy(), sample["attention_mask"].numpy())
+            expected = mean_pooled(encoder(*(sample[n] for n in _INPUTS)).numpy(), sample["attention_mask"].numpy())
         session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
         got = mean_pooled(session.run(None, {n: sample[n].numpy() for n in _INPUTS})[0], sample["attention_mask"].numpy())
     except Exception as exc:

@@ -50,9 +50,8 @@ async def store_write(call: Callable[[], Awaitable[T]]) -> T:
 
 async def model_call(call: Callable[[], Awaitable[T]], jobs: JobSettings, records: tuple[int, int]) -> T:
     """A chunk's model call (of `records`, start and stop): retried while the model answers a transient 503, up to
-    jobs.model_retry_s; any other error is raised at once. Records that crash the model are one: after
-    their second attempt that lost two replicas in a row, ModelCrashed (serve_app/crash_quarantine.py), which
-    names them here."""
+    jobs.model_retry_s; any other error is raised at once. Records that crash the model are one: at the third
+    replica lost to them, ModelCrashed (serve_app/crash_quarantine.py), which names them here."""
     try:
         return await _retrying(call, tenacity.retry_if_exception(transient), jobs.model_retry_s,
                                tenacity.wait_exponential(multiplier=0.5, max=5.0), "job chunk's model call failed")
