@@ -88,6 +88,9 @@ class AppShedding:
         timed_out = json.dumps({"error": "No Ingress replica could take the request within "
                                          f"{self.max_queue_wait_s:g} s (at capacity, or none ready); retry "
                                          f"after {self.retry_after_s} s.", "error_type": "overloaded"})
+        lost = json.dumps({"error": "The Ingress replica holding this request stopped before it answered (a crash, "
+                                    f"or its node was lost); retry after {self.retry_after_s} s.",
+                           "error_type": "model_unavailable"})
         return [
             f"timeout queue {max(1, round(self.max_queue_wait_s * 1000))}ms",
             # Every request gets an id here if its client sent none, so a POST that HAProxy resends (its
@@ -95,6 +98,7 @@ class AppShedding:
             # submission by it (jobs/job.py's submission_key). Ray sets it only with a request router.
             # (an empty one too: it is no id, and the replica would answer an empty X-Request-ID)
             "http-request set-header x-request-id %[uuid] if !{ req.hdr(x-request-id),length gt 0 }",
+            "http-request set-var(txn.serve_app_request_id) req.hdr(x-request-id)",  # (for HAProxy's own answers)
             "acl serve_app_model path " + " ".join(self.model_paths),
             "acl serve_app_model path_reg ^(" + "|".join(re.escape(p) for p in self.model_path_prefixes)
             + ")[^/]+" + re.escape(MODEL_PATH_SUFFIX) + "$",  # a model's predict route, not its card
@@ -111,7 +115,18 @@ class AppShedding:
             # HAProxy's own 503s (queue timeout, no replica up): the ingress's body, not Ray's bare 500,
             # and the caller's request id echoed as the replicas do.
             f"http-error status 503 content-type application/json string '{timed_out}' "
-            f"hdr Retry-After {self.retry_after_s} hdr X-Request-Id %[req.hdr(x-request-id)]",
+            f"hdr Retry-After {self.retry_after_s} hdr X-Request-Id %[var(txn.serve_app_request_id)]",
+            # An Ingress replica that died holding the request (a model placed in it crashed, its node was lost)
+            # and no other to resend it to: HAProxy's 502, which Ray's template turns into a bare text 500, or,
+            # while no Ingress replica is up, Serve's fallback proxy's bare 500 (the replica it waited for died
+            # too). Each is the 503 `model_unavailable` + Retry-After that a lost model replica gets; the Ingress
+            # answers every error of its own in JSON, and never 502.
+            f"http-error status 502 content-type application/json string '{lost}' hdr Retry-After "
+            f"{self.retry_after_s} hdr X-Request-Id %[var(txn.serve_app_request_id)]",
+            "http-after-response set-status 503 if { status 502 }",
+            f"http-response return status 503 content-type application/json string '{lost}' hdr Retry-After "
+            f"{self.retry_after_s} hdr X-Request-Id %[var(txn.serve_app_request_id)] "
+            "if { status 500 } !{ res.hdr(content-type) -m sub json }",
             # A health check may take this long to be answered (a busy replica), as with Ray's default
             # `inter` of 5 s; a shorter `inter` (the RayServices: 1 s) then shortens only the check's
             # connect timeout, min(`timeout connect`, `inter`): an Ingress on a pod cut off from the

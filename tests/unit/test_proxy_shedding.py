@@ -67,12 +67,6 @@ def test_no_serve_app_application_leaves_haproxy_as_ray_configures_it():
     assert value.endswith("\n    .endif\n    default-server fastinter 250ms")
 
 
-def test_backend_names_are_the_ones_ray_gives_an_application_s_backend():
-    haproxy_module = pytest.importorskip("ray.serve._private.haproxy")
-    for app in ("serve-app", "default", "a b#c/d", "ünï"):
-        assert backend_name(app) == haproxy_module.HAProxyManager.get_safe_name(f"http-{app}")
-
-
 # --- the HAProxy that Ray 2.60 configures with it ------------------------------------------------
 
 class StandInReplica(ThreadingHTTPServer):
@@ -97,16 +91,21 @@ class StandInReplica(ThreadingHTTPServer):
             return sum(1 for path in self.seen if path != "GET /readyz")
 
 
+#: POST paths the stand-in answers at once: (status, content type, body)
+CANNED = {"/bare-500": (500, "", b"Internal Server Error"),  # Serve's fallback proxy, its replica died
+          "/json-500": (500, "application/json", b'{"error": "x", "error_type": "model_crashed"}')}  # the Ingress's
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
     def log_message(self, *args) -> None:
         pass
 
-    def _answer(self) -> None:
-        body = b"{}"
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
+    def _answer(self, status: int = 200, content_type: str = "application/json", body: bytes = b"{}") -> None:
+        self.send_response(status)
+        if content_type:
+            self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -122,8 +121,13 @@ class _Handler(BaseHTTPRequestHandler):
         with self.server.lock:
             self.server.seen.append(f"POST {self.path}")
             self.server.request_ids.append(self.headers.get("x-request-id"))
-        self.server.held.acquire(timeout=60)
-        self._answer()
+        if self.path == "/crash":  # as a replica that dies holding it: the connection closed, no answer
+            self.close_connection = True
+        elif self.path in CANNED:
+            self._answer(*CANNED[self.path])
+        else:
+            self.server.held.acquire(timeout=60)
+            self._answer()
 
 
 @pytest.fixture

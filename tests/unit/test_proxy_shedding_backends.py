@@ -14,7 +14,7 @@ import subprocess
 import pytest
 
 from serve_app import proxy
-from serve_app.proxy_shedding import shedding_for_config
+from serve_app.proxy_shedding import backend_name, shedding_for_config
 
 APPS = [
     {"name": "a", "route_prefix": "/", "import_path": "serve_app.builder:build_app",
@@ -72,3 +72,9 @@ def test_each_backend_gets_its_own_application_s_bound_and_others_keep_ray_s(tmp
     assert "acl serve_app_probe path /healthz /readyz" in kept["http-a"]
     assert "acl serve_app_probe path /b/healthz /b/readyz" in kept["http-b"]
     assert len(kept["http-a"]) == len(kept["http-b"]) == 3  # nothing of one application's in the other's backend
+
+
+def test_backend_names_are_the_ones_ray_gives_an_application_s_backend():
+    haproxy_module = pytest.importorskip("ray.serve._private.haproxy")
+    for app in ("serve-app", "default", "a b#c/d", "ünï"):
+        assert backend_name(app) == haproxy_module.HAProxyManager.get_safe_name(f"http-{app}")
