@@ -36,7 +36,7 @@ import contextvars
 import functools
 import logging
 from collections import deque
-from typing import Any, Awaitable, Callable, Hashable, Optional, Sequence
+from typing import Any, AsyncContextManager, Awaitable, Callable, Hashable, Optional, Sequence
 
 from deployments.errors import describe_exception
 
@@ -90,7 +90,8 @@ class CallCoalescer:
     def __init__(self, send: Callable[..., Awaitable[Any]], slice_result: Callable[[Any, int, int], Any], *,
                  max_records: int, max_inflight_calls: int, isolate_replica_deaths: bool = False,
                  replica_retry_timeout_s: float = 8.0, refuse: Optional[Callable[[Hashable, Sequence], None]] = None,
-                 died: Optional[Callable[[Hashable, Sequence], Optional[Exception]]] = None):
+                 died: Optional[Callable[[Hashable, Sequence], Optional[Exception]]] = None,
+                 hold: Optional[Callable[[Hashable, Sequence], AsyncContextManager]] = None):
         if max_records < 1 or max_inflight_calls < 1:
             raise ValueError(f"max_records and max_inflight_calls must be >= 1, got {max_records!r} "
                              f"and {max_inflight_calls!r}")
@@ -98,7 +99,8 @@ class CallCoalescer:
         #: `refuse(key, records)` raises for a caller's records that must not be sent (a model's crash quarantine);
         #: `died(key, records)` counts a shared call's replica death against one caller's records: the error to give
         #: that caller instead of sending them again, if any
-        self._refuse, self._died = refuse, died
+        #: `hold(key, records)`: an async context a caller waits in (a placed model's crash journal, which may refuse)
+        self._refuse, self._died, self._hold = refuse, died, hold
         self.max_records, self.max_inflight_calls = max_records, max_inflight_calls
         #: after a replica death, how long a shared call's callers go again one at a time; the rest then get its 503
         self.replica_retry_timeout_s = replica_retry_timeout_s
@@ -113,11 +115,12 @@ class CallCoalescer:
 
     @classmethod
     def of_method(cls, call: Callable[..., Awaitable[Any]], method: str, arg_of: Callable[[Hashable, list], Any],
-                  slice_result: Callable[[Any, int, int], Any], *, quarantine: Any = None,
+                  slice_result: Callable[[Any, int, int], Any], *, quarantine: Any = None, journal: Any = None,
                   **options: Any) -> "CallCoalescer":
         """Calls `call(method, arg_of(key, records))`. With a model deployment's `quarantine`
         (serve_app/crash_quarantine.py: HandleClient's, which also means isolating replica deaths), each caller's
-        records are checked as the call they would make alone before they share one."""
+        records are checked as the call they would make alone before they share one. With a placed model's
+        `journal` (serve_app/crash_journal.py), each caller's records are checked and journaled so while it waits."""
         def send(key: Hashable, records: list, **how: bool) -> Awaitable[Any]:
             return call(method, arg_of(key, records), **how)
 
@@ -131,9 +134,12 @@ class CallCoalescer:
         def died(key: Hashable, records: Sequence) -> Optional[Exception]:
             return quarantine.died(method, alone(key, records))
 
+        def hold(key: Hashable, records: Sequence) -> AsyncContextManager:
+            return journal.holding(method, alone(key, records))
+
         isolate = quarantine is not None
         return cls(send, slice_result, isolate_replica_deaths=isolate, refuse=refuse if isolate else None,
-                   died=died if isolate else None, **options)
+                   died=died if isolate else None, hold=hold if journal is not None else None, **options)
 
     async def submit(self, key: Hashable, records: Sequence) -> Any:
         """The result of a call with `records` (at most `max_records` of them)."""
@@ -141,6 +147,12 @@ class CallCoalescer:
             raise ValueError(f"a call carries 1..{self.max_records} records, got {len(records)}")
         if self._refuse is not None:  # before they share a call: refused alone, not with the others in it
             self._refuse(key, records)
+        if self._hold is None:
+            return await self._wait(key, records)
+        async with self._hold(key, records):
+            return await self._wait(key, records)
+
+    async def _wait(self, key: Hashable, records: Sequence) -> Any:
         waiter = _Waiter(records, asyncio.get_running_loop().create_future())
         call = self._filling.get(key)
         if call is None or call.records + len(records) > self.max_records:

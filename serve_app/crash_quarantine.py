@@ -54,15 +54,15 @@ class CrashQuarantine:
         """Raise ModelCrashed if these records are refused now. Costs nothing while no replica died."""
         if not self._deaths:
             return
-        entry = self._entry(_fingerprint(method, args))
+        entry = self._entry(fingerprint(method, args))
         if entry is not None and entry[0] >= MAX_DEATHS:
             self.refused += 1
-            raise self._error(method, entry[0])
+            raise crashed(self.name, entry[0], self.quarantine_s)
 
     def died(self, method: str, args: tuple) -> ModelCrashed | None:
         """Count a replica that died holding these records; the error to raise instead of a retry or a 503 once
         they are refused."""
-        key = _fingerprint(method, args)
+        key = fingerprint(method, args)
         entry = self._entry(key)
         count, since = (entry[0] + 1, entry[1]) if entry else (1, self._clock())
         since = self._clock() if count >= MAX_DEATHS else since  # refused for quarantine_s from now
@@ -74,13 +74,13 @@ class CrashQuarantine:
             return None
         logger.error("%s.%s: %d replicas died holding the same records within %g s; refused for as long",
                      self.name, method, count, self.quarantine_s)
-        return self._error(method, count)
+        return crashed(self.name, count, self.quarantine_s)
 
     def answered(self, method: str, args: tuple) -> None:
         """These records were computed: a death they were counted in was not theirs (a node lost, another caller's
         input in a shared call), so it is forgotten."""
         if self._deaths:
-            self._deaths.pop(_fingerprint(method, args), None)
+            self._deaths.pop(fingerprint(method, args), None)
 
     def _entry(self, key: bytes) -> tuple[int, float] | None:
         entry = self._deaths.get(key)
@@ -89,14 +89,16 @@ class CrashQuarantine:
             return None
         return entry
 
-    def _error(self, method: str, count: int) -> ModelCrashed:
-        return ModelCrashed(
-            f"{count} {self.name} replicas died computing these records. They likely crash the model (a segfault, "
-            f"out of memory) and are refused for {self.quarantine_s:g} s (ingress.crash_quarantine_s) rather than "
-            "take more replicas down.")
+
+def crashed(name: str, count: int, quarantine_s: float) -> ModelCrashed:
+    """The error of records refused after `count` replicas of model `name` died computing them."""
+    return ModelCrashed(
+        f"{count} {name} replicas died computing these records. They likely crash the model (a segfault, "
+        f"out of memory) and are refused for {quarantine_s:g} s (ingress.crash_quarantine_s) rather than "
+        "take more replicas down.")
 
 
-def _fingerprint(method: str, args: tuple) -> bytes:
+def fingerprint(method: str, args: tuple) -> bytes:
     """The same for the same method and records: a Chunk (languages and texts), a list of texts or inputs."""
     try:
         data = pickle.dumps((method, args), protocol=5)
@@ -105,4 +107,4 @@ def _fingerprint(method: str, args: tuple) -> bytes:
     return hashlib.blake2b(data, digest_size=16).digest()
 
 
-__all__ = ["MAX_DEATHS", "CrashQuarantine"]
+__all__ = ["MAX_DEATHS", "CrashQuarantine", "crashed", "fingerprint"]

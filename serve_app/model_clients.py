@@ -40,10 +40,13 @@ class LocalClient:
     Cancelling the awaiting task cancels the call as through a handle: its records still waiting
     in the model queue are dropped, never computed."""
 
-    def __init__(self, name: str, replica: Any, retry_after_s: int = 2):
+    def __init__(self, name: str, replica: Any, retry_after_s: int = 2, journal: Any = None):
         self.name = name
         self.replica = replica
         self._retry_after_s = retry_after_s
+        #: its view of the process's crash journal (serve_app/crash_journal.py), which the callers of its compute
+        #: methods hold their records in: the Service's coalescers, Ingress.call_placed. None: not journaled
+        self.journal = journal
 
     async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         try:

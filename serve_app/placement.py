@@ -15,6 +15,7 @@ choose which.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ray.serve.handle import DeploymentHandle
@@ -25,8 +26,9 @@ from deployments.embedder import Embedder
 from deployments.model_module import deployment_name
 from deployments.translator import Translator
 
+from .crash_journal import CrashJournal, journal_folder
 from .handle_client import HandleClient
-from .model_clients import LocalClient, ModelClient
+from .model_clients import COMPUTE_METHODS, LocalClient, ModelClient
 from .settings import AppSettings
 
 #: A deployment's handle, or None when the model is placed in the Ingress.
@@ -39,17 +41,24 @@ class PlacedModels:
     `LocalClient`. Their batch knobs start at the deployments' defaults; `reconfigure` (the
     Ingress's `user_config`) sets them."""
 
-    def __init__(self, settings: AppSettings):
+    def __init__(self, settings: AppSettings, journal_folder: Callable[[], Optional[Path]] = journal_folder):
         placed, retry = settings.placed_in_ingress(), settings.ingress.retry_after_s
         self.clients: dict[str, LocalClient] = {}
+        folder = journal_folder() if placed else None  # this node's crash journal (None outside Ray)
+        #: the records this process's models compute, for the process that outlives it (serve_app/crash_journal.py)
+        self.journal = None if folder is None else CrashJournal(folder, settings.ingress.crash_quarantine_s)
+
+        def client(name: str, replica: Any) -> LocalClient:
+            return LocalClient(name, replica, retry, None if self.journal is None else self.journal.model(name))
+
         for name, cls, section in (("Translator", Translator, settings.translation),
                                    ("Embedder", Embedder, settings.embeddings)):
             if name in placed:
-                self.clients[name] = LocalClient(name, cls.func_or_class(section.model_dump()), retry)
+                self.clients[name] = client(name, cls.func_or_class(section.model_dump()))
         for spec in settings.models:  # custom models (`models:`), as their `Model.<name>` replica
             name = deployment_name(spec.name)
             if name in placed:
-                self.clients[name] = LocalClient(name, CustomModel.func_or_class(spec.model_dump()), retry)
+                self.clients[name] = client(name, CustomModel.func_or_class(spec.model_dump()))
 
     def names(self) -> list[str]:
         return sorted(self.clients)
@@ -74,11 +83,17 @@ class PlacedModels:
         """The Ingress replica's teardown is each placed model's (ModelReplica._shut_down)."""
         for client in self.clients.values():
             client.replica._shut_down()
+        if self.journal is not None:
+            self.journal.close()
 
     async def call(self, name: str, method: str, *args: Any, **kwargs: Any) -> Any:
         if name not in self.clients:
             raise ValueError(f"no model {name!r} is placed in the Ingress (placed: {self.names()!r})")
-        return await self.clients[name].call(method, *args, **kwargs)
+        client = self.clients[name]
+        if client.journal is None or method not in COMPUTE_METHODS:
+            return await client.call(method, *args, **kwargs)
+        async with client.journal.holding(method, args):  # (a job's call: refused, or journaled while it computes)
+            return await client.call(method, *args, **kwargs)
 
 
 @dataclass(frozen=True)

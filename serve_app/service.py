@@ -68,13 +68,15 @@ class Service:
         # are in flight (serve_app/coalescing.py): fewer handle calls, each fuller. A model in a deployment
         # of its own (a HandleClient; not one placed here, nor the jobs' BackgroundClient) also keeps an input
         # that crashes its replica from failing the others who shared the call, and refuses a caller's records
-        # that crashed it before they share a call (serve_app/crash_quarantine.py).
+        # that crashed it before they share a call (serve_app/crash_quarantine.py); one placed here journals each
+        # caller's records on this node while it waits, and refuses those that crashed it (crash_journal.py).
         def coalesced(client: ModelClient, method: str, arg_of, slice_result, max_records: int) -> CallCoalescer:
             return CallCoalescer.of_method(
                 client.call, method, arg_of, slice_result, max_records=max_records,
                 max_inflight_calls=self.limits.max_inflight_calls_per_model,
                 replica_retry_timeout_s=self.limits.replica_retry_timeout_s,
-                quarantine=client.quarantine if isinstance(client, HandleClient) else None)
+                quarantine=client.quarantine if isinstance(client, HandleClient) else None,
+                journal=getattr(client, "journal", None))
 
         self._translate_calls = coalesced(
             translator, "translate", lambda pair, texts: Chunk(pair[0], pair[1], texts),

@@ -132,3 +132,23 @@ def under_load(run, change, settled, workers: int = 4) -> tuple[list, float]:
 
     took = asyncio.run(scenario())
     return outcomes, took
+
+
+def retrying_post(client: httpx.Client, url: str, body: dict, attempts: int = 20) -> list[tuple[int, str, float]]:
+    """POST `body` as a client that honours Retry-After: (status, error_type, seconds) per attempt, until an answer
+    that is not a 503 (status 0 and the exception's name: no HTTP answer, tried again after 1 s)."""
+    outcomes = []
+    for _ in range(attempts):
+        started = time.monotonic()
+        try:
+            answer = client.post(url, json=body)
+        except httpx.TransportError as exc:
+            outcomes.append((0, type(exc).__name__, time.monotonic() - started))
+            time.sleep(1)
+            continue
+        error_type = "" if answer.status_code == 200 else answer.json().get("error_type", "")
+        outcomes.append((answer.status_code, error_type, time.monotonic() - started))
+        if answer.status_code != 503:
+            break
+        time.sleep(float(answer.headers["Retry-After"]))
+    return outcomes

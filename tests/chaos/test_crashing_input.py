@@ -13,26 +13,13 @@ import httpx
 from tests.support import SETOSA
 
 from .harness import ServeRun, wait_for
+from .helpers import retrying_post
 
 POISON = {"inputs": [{"text": "poison"}]}
 
 
 def _deaths(path: Path) -> int:
     return len(path.read_text().splitlines()) if path.exists() else 0
-
-
-def _retrying_client(url: str, attempts: int = 12) -> list[tuple[int, str, float]]:
-    """POST the poison as a client that honours Retry-After: (status, error_type, seconds) per attempt, until an
-    answer that is not a 503."""
-    outcomes = []
-    for _ in range(attempts):
-        started = time.monotonic()
-        answer = httpx.post(f"{url}/models/crasher/predict", json=POISON, timeout=60)
-        outcomes.append((answer.status_code, answer.json().get("error_type", ""), time.monotonic() - started))
-        if answer.status_code != 503:
-            break
-        time.sleep(float(answer.headers["Retry-After"]))
-    return outcomes
 
 
 def test_a_crashing_input_costs_three_replicas_then_is_refused_and_other_inputs_are_answered(own_run, tmp_path,
@@ -49,7 +36,8 @@ def test_a_crashing_input_costs_three_replicas_then_is_refused_and_other_inputs_
         fine = httpx.post(f"{run.url}/models/crasher/predict", json={"inputs": [{"text": "fine"}]}, timeout=60)
         assert fine.status_code == 200 and fine.json()["outputs"] == [{"text": "FINE"}], fine.text
 
-        outcomes = _retrying_client(run.url)
+        with httpx.Client(timeout=60) as client:
+            outcomes = retrying_post(client, f"{run.url}/models/crasher/predict", POISON, attempts=12)
         interactive_deaths = _deaths(deaths_file)
         status, error_type, _ = outcomes[-1]
         assert (status, error_type) == (500, "model_crashed"), outcomes
