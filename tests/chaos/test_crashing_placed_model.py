@@ -75,8 +75,10 @@ def test_a_crashing_input_of_a_placed_model_costs_three_ingress_replicas_then_is
         for client in clients:
             client.join(120)
         assert _deaths(deaths_file) == 3  # neither the refusal nor the job reached the model
-        assert others["failed"] == 0 and not any(
-            key[1] == "model_crashed" or key[0] not in (200, 503) for key in others if isinstance(key, tuple)), others
+        # Every request of the others answered in the end, none refused. An attempt may get a 503 or, as a client
+        # of a replica that dies may, a connection closed without an answer (status 0; 1 of 255 once): retried.
+        bad = [k for k in others if isinstance(k, tuple) and (k[1] == "model_crashed" or k[0] not in (0, 200, 503))]
+        assert others["failed"] == 0 and not bad, others
         figures["crashing_placed_model"] = {
             "client_attempts": [o[:2] for o in outcomes], "client_seconds": [round(o[2], 2) for o in outcomes],
             "ingress_replicas_lost": replicas_lost, "refusal_s": round(refused_s, 3),
