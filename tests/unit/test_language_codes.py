@@ -123,3 +123,37 @@ def test_every_language_of_nllb_and_m2m100_knows_its_default_script():
     for code, script in scripts.items():
         assert resolve_pair(f"{code}-{script}", "xx", [f"{code}-xx"]) == (code, "xx"), code
         assert resolve_pair("xx", f"{code}_{script}", [f"xx-{code}"]) == ("xx", code), code
+
+
+def test_nllb_s_own_codes_and_three_letter_codes_mean_their_two_letter_language(nllb):
+    """A client of an NLLB model sends its FLORES-200 codes (`eng_Latn`); others send ISO 639-2 or 639-3 codes
+    (`deu`, `ger`, `por`). They were refused (400) though the model served the language. From the last notes'
+    "found and not fixed" list (2026-12-02)."""
+    pairs = [f"{p.source}-{p.target}" for p in nllb.supported_pairs()]
+    assert resolve_pair("eng_Latn", "zho_Hant", pairs) == ("en", "zh-hant")
+    assert resolve_pair("eng_Latn", "zho_Hans", pairs) == resolve_pair("en", "zh-Hans", pairs)  # (its zh-hans)
+    assert resolve_pair("nob_Latn", "srp_Cyrl", pairs) == ("nb", "sr")  # NLLB's nob is Bokmål, not `no`
+    with pytest.raises(UnsupportedLanguagePair):
+        resolve_pair("eng_Latn", "srp_Latn", pairs)  # still Serbian in another script than the model's
+    plain = ["en-de", "de-en", "en-pt", "en-fa", "en-ko"]
+    for source, target, resolved in (("eng", "deu", ("en", "de")), ("ENG", "ger", ("en", "de")),
+                                     ("deu_Latn", "eng_Latn", ("de", "en")), ("en", "por_Latn", ("en", "pt")),
+                                     ("en", "pes_Arab", ("en", "fa")), ("en", "per", ("en", "fa")),
+                                     ("en", "kor_Hang", ("en", "ko"))):
+        assert resolve_pair(source, target, plain) == resolved, (source, target)
+    assert resolve_pair("eng", "xx", ["eng-xx", "en-xx"]) == ("eng", "xx")  # a code the model lists itself: as sent
+
+
+def test_korean_in_hangul_is_korean_and_regions_written_in_another_script_keep_it():
+    """`ko-Hang` (Korean in Hangul, NLLB's kor_Hang) was refused: CLDR's default script for Korean is Kore.
+    `sr-ME` fell back to `sr` and was answered in Cyrillic, though Montenegro writes Serbian in Latin (CLDR's likely
+    subtags); so did the other regions that write a language in another script than its bare code's."""
+    assert resolve_pair("ko-Hang", "en", ["ko-en"]) == ("ko", "en")
+    assert resolve_pair("en", "ko-Hang-KR", ["en-ko"]) == ("en", "ko")
+    for region in ("sr-ME", "uz-AF", "pa-PK", "az-IR", "mn-CN", "sd-IN"):
+        with pytest.raises(UnsupportedLanguagePair):
+            resolve_pair("en", region, [f"en-{region.split('-')[0]}"])
+    assert resolve_pair("en", "sr-ME", ["en-sr", "en-sr-latn"]) == ("en", "sr-latn")
+    assert resolve_pair("en", "sr-Latn-ME", ["en-sr-latn"]) == ("en", "sr-latn")
+    assert resolve_pair("en", "sr-RS", ["en-sr"]) == ("en", "sr") and resolve_pair("en", "pa-IN", ["en-pa"]) == (
+        "en", "pa")
