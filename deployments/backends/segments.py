@@ -29,6 +29,9 @@ MAX_SEGMENT_CHARS = 400
 #: after one of them first (`_chunk`).
 _SENTENCE_END = re.compile(r"(?<=[.!?…])\s+|(?<=[。！？])(?![」』）】〉》”’])\s*|(?<=[。！？][」』）】〉》”’])\s*")
 
+#: no-break spaces (NBSP, figure, narrow): a chunk ends at one only where no other whitespace fits
+_NO_BREAK = frozenset("\u00a0\u2007\u202f")
+
 #: one grapheme cluster (Unicode's extended grapheme clusters: a flag's two regional indicators, an emoji's
 #: zero-width-joined sequence, a letter and its combining marks, CR LF): no cut falls inside one
 _GRAPHEME = regex.compile(r"\X")
@@ -67,26 +70,32 @@ def segment(text: str, max_chars: int) -> list[tuple[str, str]]:
 
 def _chunk(sentence: str, max_chars: int) -> list[tuple[str, str]]:
     """(chunk, separator-after) pairs of at most `max_chars`, cut between grapheme clusters: at the last
-    whitespace that fits (any kind: NBSP, U+3000), after a ; or : if one is in the last half of the window,
-    followed by " "; a run without any at its last grapheme boundary that fits, followed by "", so that it
-    joins back whole. Only a single cluster longer than `max_chars` (a letter under hundreds of marks) is cut
-    inside, at the limit."""
+    whitespace that fits (U+3000, a tab; a no-break space only if there is no other), after a ; or : if one is in
+    the last half of the window, followed by the whitespace cut at (" " for spaces: a gap `join` may drop between
+    unspaced languages' sentences); a run without any at its last grapheme boundary that fits, followed by "", so
+    that it joins back whole. Only a single cluster longer than `max_chars` (a letter under hundreds of marks) is
+    cut inside, at the limit."""
     chunks = []
     while len(sentence) > max_chars:
-        space = clause = boundary = 0
+        space = clause = boundary = unbreakable = 0
         for match in _GRAPHEME.finditer(sentence):
             start = match.start()
             if start > max_chars:
                 break
-            if start and match.group().isspace():
+            if start and match.group() in _NO_BREAK:
+                unbreakable = start
+            elif start and match.group().isspace():
                 space = start
                 clause = start if sentence[start - 1] in ";:" else clause
             if match.end() <= max_chars:
                 boundary = match.end()
+        space = space or unbreakable
         if space:
             cut = clause if clause > max_chars // 2 else space
-            chunks.append((sentence[:cut].rstrip(), " "))
-            sentence = sentence[cut:].lstrip()
+            head, rest = sentence[:cut].rstrip(), sentence[cut:].lstrip()
+            gap = sentence[len(head):len(sentence) - len(rest)]
+            chunks.append((head, " " if not gap.strip(" ") else gap))
+            sentence = rest
         else:  # not at whitespace: nothing to strip (a space that carries a mark, " \u0301", stays whole)
             cut = boundary or max_chars
             chunks.append((sentence[:cut], ""))

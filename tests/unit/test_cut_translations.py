@@ -240,6 +240,18 @@ def test_a_run_without_spaces_is_cut_between_graphemes_and_joins_back_unchanged(
     assert [len(p) for p, _ in segment(nbsp, 400)] == [399, 199]
 
 
+def test_a_run_cut_at_a_tab_or_a_no_break_space_joins_back_with_it_and_breaks_where_it_may():
+    """A run cut at a tab or a no-break space was joined back with a plain space (last notes' "found and not
+    fixed", 2026-12-02), and a no-break space (French puts one before `:` and `»`) was cut at like any other."""
+    for text in ("word\u00a0" * 119 + "word", "cell\t" * 119 + "cell", "word " * 60 + "a\t\t" + "word " * 60):
+        pieces = segment(text, 400)
+        assert join([p for p, _ in pieces], pieces) == text.strip(), [s for _, s in pieces]
+    french = "mot " * 97 + "ceci\u00a0suivante " + "suite " * 20  # the last whitespace within 400: the no-break one
+    pieces = segment(french, 400)
+    assert pieces[0][0].endswith("mot") and pieces[1][0].startswith("ceci\u00a0suivante"), pieces
+    assert join([p for p, _ in pieces], pieces) == french.strip()
+
+
 def test_a_record_left_cut_is_marked_and_the_ingress_does_not_cache_it(tiny_marian_dir, marian_backend, loop,
                                                                         monkeypatch):
     """A second pass that failed (a replica lost mid-call) left the first pass's cut translation, which the ingress
