@@ -67,6 +67,7 @@ class CrashJournal:
         self._suspects: dict[bytes, list[tuple[str, int]]] = {}
         self._folder_seen: Optional[int] = None
         self._expiry_due = 0.0
+        self._sync_failed = False
         self.turns = Turns()
         #: calls refused without reaching the model, and calls computed alone (tests and logs read them)
         self.refused = 0
@@ -79,7 +80,13 @@ class CrashJournal:
 
     def deaths(self, name: str, key: bytes) -> int:
         """Processes that died computing these records within the quarantine; ModelCrashed once they are refused."""
-        self._sync()
+        try:
+            self._sync()
+        except OSError as exc:  # (the folder gone or unreadable: the call is computed, never failed for it)
+            if not self._sync_failed:
+                logger.warning("the crash journal in %s cannot be read (%s); inputs that crash a model are not "
+                               "refused while it cannot", self.folder, exc)
+                self._sync_failed = True
         count = self._deaths(key) if key in self._suspects else 0
         if count >= MAX_DEATHS:
             self.refused += 1
@@ -201,7 +208,7 @@ class CrashJournal:
             died_at = self._dead.get(name)
             if died_at is None or now - died_at >= self.quarantine_s:
                 continue
-            with contextlib.suppress(FileNotFoundError), open(self.folder / name, "rb") as dead:
+            with contextlib.suppress(OSError), open(self.folder / name, "rb") as dead:
                 dead.seek(offset)
                 if dead.read(_SIZE) == key:
                     live.append((name, offset))
@@ -214,7 +221,7 @@ class CrashJournal:
     def _forget(self, key: bytes) -> None:
         """`key` was answered: clear it from every dead file (every process then counts it no more)."""
         for name, offset in self._suspects.pop(key, ()):
-            with contextlib.suppress(FileNotFoundError), open(self.folder / name, "r+b") as dead:
+            with contextlib.suppress(OSError), open(self.folder / name, "r+b") as dead:
                 dead.seek(offset)
                 if dead.read(_SIZE) == key:
                     dead.seek(offset)

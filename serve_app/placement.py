@@ -14,6 +14,7 @@ choose which.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -31,6 +32,8 @@ from .handle_client import HandleClient
 from .model_clients import COMPUTE_METHODS, LocalClient, ModelClient
 from .settings import AppSettings
 
+logger = logging.getLogger("serve_app")
+
 #: A deployment's handle, or None when the model is placed in the Ingress.
 Handle = Optional[DeploymentHandle]
 
@@ -44,9 +47,9 @@ class PlacedModels:
     def __init__(self, settings: AppSettings, journal_folder: Callable[[], Optional[Path]] = journal_folder):
         placed, retry = settings.placed_in_ingress(), settings.ingress.retry_after_s
         self.clients: dict[str, LocalClient] = {}
-        folder = journal_folder() if placed else None  # this node's crash journal (None outside Ray)
-        #: the records this process's models compute, for the process that outlives it (serve_app/crash_journal.py)
-        self.journal = None if folder is None else CrashJournal(folder, settings.ingress.crash_quarantine_s)
+        #: the records this process's models compute, for the process that outlives it (serve_app/crash_journal.py);
+        #: None outside Ray, or where the node's folder cannot be written (the models are served all the same)
+        self.journal = _crash_journal(journal_folder() if placed else None, settings.ingress.crash_quarantine_s)
 
         def client(name: str, replica: Any) -> LocalClient:
             return LocalClient(name, replica, retry, None if self.journal is None else self.journal.model(name))
@@ -94,6 +97,17 @@ class PlacedModels:
             return await client.call(method, *args, **kwargs)
         async with client.journal.holding(method, args):  # (a job's call: refused, or journaled while it computes)
             return await client.call(method, *args, **kwargs)
+
+
+def _crash_journal(folder: Optional[Path], quarantine_s: float) -> Optional[CrashJournal]:
+    if folder is None:
+        return None
+    try:
+        return CrashJournal(folder, quarantine_s)
+    except OSError as exc:
+        logger.warning("no crash journal in %s (%s): an input that crashes a model placed here is not refused", folder,
+                       exc)
+        return None
 
 
 @dataclass(frozen=True)

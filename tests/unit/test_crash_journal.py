@@ -183,6 +183,28 @@ def test_a_long_lived_process_deletes_deaths_past_the_quarantine_and_forgets_the
     assert not list(tmp_path.glob("dead-*")) and not survivor._dead and not survivor._suspects
 
 
+def test_a_journal_that_cannot_be_read_or_made_never_fails_a_call(tmp_path, caplog):
+    """A safety net must not become the failure: a folder removed under a live journal (or unreadable) leaves the
+    calls computed, and one that cannot be made leaves the placed models served without a journal."""
+    import shutil
+
+    journal = CrashJournal(tmp_path / "gone", 600)
+    _crash_holding(tmp_path / "gone", POISON)
+    assert _deaths(journal, POISON) == 1
+    shutil.rmtree(tmp_path / "gone")
+    asyncio.run(_compute(journal, FINE))
+    asyncio.run(_compute(journal, POISON))  # its deaths went with the files
+    assert "cannot be read" in caplog.text
+    (tmp_path / "a-file").write_text("")
+    settings = load_settings({"embeddings": {"placement": "ingress"}})
+    placed = PlacedModels(settings, journal_folder=lambda: tmp_path / "a-file" / "journal")
+    try:
+        assert placed.journal is None and placed.clients["Embedder"].journal is None
+        assert "no crash journal" in caplog.text
+    finally:
+        placed.shut_down()
+
+
 def test_calls_past_the_slots_are_computed_unjournaled(tmp_path):
     journal = CrashJournal(tmp_path, 600, slots=2)
     slots = [journal._hold(bytes([i + 1]) * 16) for i in range(3)]
