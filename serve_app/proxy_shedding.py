@@ -91,6 +91,11 @@ class AppShedding:
         lost = json.dumps({"error": "The Ingress replica holding this request stopped before it answered (a crash, "
                                     f"or its node was lost); retry after {self.retry_after_s} s.",
                            "error_type": "model_unavailable"})
+
+        def answer(body: str) -> str:  # HAProxy's own JSON answer, with the replicas' Retry-After and request id
+            return (f"content-type application/json string '{body}' hdr Retry-After {self.retry_after_s} "
+                    "hdr X-Request-Id %[var(txn.serve_app_request_id)]")
+
         return [
             f"timeout queue {max(1, round(self.max_queue_wait_s * 1000))}ms",
             # Every request gets an id here if its client sent none, so a POST that HAProxy resends (its
@@ -114,18 +119,15 @@ class AppShedding:
             "http-request set-priority-class int(3) if serve_app_model !serve_app_keyed",
             # HAProxy's own 503s (queue timeout, no replica up): the ingress's body, not Ray's bare 500,
             # and the caller's request id echoed as the replicas do.
-            f"http-error status 503 content-type application/json string '{timed_out}' "
-            f"hdr Retry-After {self.retry_after_s} hdr X-Request-Id %[var(txn.serve_app_request_id)]",
+            f"http-error status 503 {answer(timed_out)}",
             # An Ingress replica that died holding the request (a model placed in it crashed, its node was lost)
             # and no other to resend it to: HAProxy's 502, which Ray's template turns into a bare text 500, or,
             # while no Ingress replica is up, Serve's fallback proxy's bare 500 (the replica it waited for died
             # too). Each is the 503 `model_unavailable` + Retry-After that a lost model replica gets; the Ingress
             # answers every error of its own in JSON, and never 502.
-            f"http-error status 502 content-type application/json string '{lost}' hdr Retry-After "
-            f"{self.retry_after_s} hdr X-Request-Id %[var(txn.serve_app_request_id)]",
+            f"http-error status 502 {answer(lost)}",
             "http-after-response set-status 503 if { status 502 }",
-            f"http-response return status 503 content-type application/json string '{lost}' hdr Retry-After "
-            f"{self.retry_after_s} hdr X-Request-Id %[var(txn.serve_app_request_id)] "
+            f"http-response return status 503 {answer(lost)} "
             "if { status 500 } !{ res.hdr(content-type) -m sub json }",
             # A health check may take this long to be answered (a busy replica), as with Ray's default
             # `inter` of 5 s; a shorter `inter` (the RayServices: 1 s) then shortens only the check's

@@ -4,8 +4,17 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from pydantic import BaseModel
+
+#: the request body of the input it dies on
+POISON = {"inputs": [{"text": "poison"}]}
+
+
+def deaths(path: Path) -> int:
+    """Replica processes that died of the poison so far (one line each in `deaths_file`)."""
+    return len(path.read_text().splitlines()) if path.exists() else 0
 
 
 class Input(BaseModel):

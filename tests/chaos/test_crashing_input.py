@@ -6,21 +6,14 @@ other inputs of the same model are answered."""
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import httpx
 
 from tests.support import SETOSA
 
+from .crashing_model import POISON, deaths
 from .harness import ServeRun, wait_for
 from .helpers import retrying_post
-
-POISON = {"inputs": [{"text": "poison"}]}
-
-
-def _deaths(path: Path) -> int:
-    return len(path.read_text().splitlines()) if path.exists() else 0
-
 
 def test_a_crashing_input_costs_three_replicas_then_is_refused_and_other_inputs_are_answered(own_run, tmp_path,
                                                                                               figures):
@@ -38,7 +31,7 @@ def test_a_crashing_input_costs_three_replicas_then_is_refused_and_other_inputs_
 
         with httpx.Client(timeout=60) as client:
             outcomes = retrying_post(client, f"{run.url}/models/crasher/predict", POISON, attempts=12)
-        interactive_deaths = _deaths(deaths_file)
+        interactive_deaths = deaths(deaths_file)
         status, error_type, _ = outcomes[-1]
         assert (status, error_type) == (500, "model_crashed"), outcomes
         assert all(o[:2] == (503, "model_unavailable") for o in outcomes[:-1]), outcomes
@@ -48,7 +41,7 @@ def test_a_crashing_input_costs_three_replicas_then_is_refused_and_other_inputs_
         refused = httpx.post(f"{run.url}/models/crasher/predict", json=POISON, timeout=60)
         refused_s = time.monotonic() - started
         assert refused.status_code == 500 and refused.json()["error_type"] == "model_crashed", refused.text
-        assert _deaths(deaths_file) == 3  # refused: no replica reached
+        assert deaths(deaths_file) == 3  # refused: no replica reached
 
         # Other inputs are answered once Serve has restarted the replicas; the iris model never noticed.
         assert httpx.post(f"{run.url}/models/iris/predict", json={"inputs": [SETOSA]}, timeout=60).status_code == 200
@@ -64,7 +57,7 @@ def test_a_crashing_input_costs_three_replicas_then_is_refused_and_other_inputs_
             httpx.get(f"{run.url}/jobs/{job.json()['job_id']}", timeout=10).json()), 240, "the job to end", 0.5)
         job_s = time.monotonic() - submitted_at
         assert done["status"] == "failed" and done["error"]["error_type"] == "model_crashed", done
-        job_deaths = _deaths(deaths_file) - interactive_deaths
+        job_deaths = deaths(deaths_file) - interactive_deaths
         assert job_deaths == 3, job_deaths
         figures["crashing_input"] = {
             "client_attempts": [o[:2] for o in outcomes], "client_seconds": [round(o[2], 2) for o in outcomes],

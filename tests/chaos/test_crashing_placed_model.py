@@ -10,19 +10,12 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from pathlib import Path
 
 import httpx
 
+from .crashing_model import POISON, deaths
 from .harness import ServeRun, wait_for
 from .helpers import retrying_post
-
-POISON = {"inputs": [{"text": "poison"}]}
-
-
-def _deaths(path: Path) -> int:
-    return len(path.read_text().splitlines()) if path.exists() else 0
-
 
 def test_a_crashing_input_of_a_placed_model_costs_three_ingress_replicas_then_is_refused(own_run, tmp_path,
                                                                                          figures):
@@ -53,7 +46,7 @@ def test_a_crashing_input_of_a_placed_model_costs_three_ingress_replicas_then_is
         wait_for(lambda: others["answered"] >= 20, 60, "the other clients answered")
         with httpx.Client(timeout=60) as client:
             outcomes = retrying_post(client, url, POISON)
-        replicas_lost = _deaths(deaths_file)
+        replicas_lost = deaths(deaths_file)
         assert outcomes[-1][:2] == (500, "model_crashed"), outcomes
         assert all(o[:2] == (503, "model_unavailable") for o in outcomes[:-1]), outcomes
         assert replicas_lost == 3, outcomes
@@ -74,7 +67,7 @@ def test_a_crashing_input_of_a_placed_model_costs_three_ingress_replicas_then_is
         stop.set()
         for client in clients:
             client.join(120)
-        assert _deaths(deaths_file) == 3  # neither the refusal nor the job reached the model
+        assert deaths(deaths_file) == 3  # neither the refusal nor the job reached the model
         # Every request of the others answered in the end, none refused. An attempt may get a 503 or, as a client
         # of a replica that dies may, a connection closed without an answer (status 0; 1 of 255 once): retried.
         bad = [k for k in others if isinstance(k, tuple) and (k[1] == "model_crashed" or k[0] not in (0, 200, 503))]
