@@ -139,6 +139,14 @@ CONTENDERS: tuple[Contender, ...] = (
     Contender("mosec_onnx", "mosec, embeddings on ONNX Runtime", _peer("bench.peers.mosec_peer"), ready_path="/",
               unavailable=import_missing("mosec"), workloads=("embeddings",),
               env=lambda workload: {"BENCH_EMBEDDINGS_ENGINE": "onnx"}),
+    # Ray Serve alone: one @serve.batch deployment, nothing of serve-app on the request path, Ray started as
+    # `make run` starts it, the model on ONNX Runtime (bench/peers/ray_serve_peer.py): what Serve itself costs.
+    Contender("ray_serve", "Ray Serve alone, 2 replicas x 1 thread (ONNX Runtime)", _peer("bench.peers.ray_serve_peer"),
+              ready_path="/", workloads=("embeddings",),
+              env=lambda workload: {"BENCH_EMBEDDINGS_ENGINE": "onnx", "BENCH_SERVE_REPLICAS": "2"}),
+    Contender("ray_serve_one", "Ray Serve alone, 1 replica x 2 threads (ONNX Runtime)",
+              _peer("bench.peers.ray_serve_peer"), ready_path="/", workloads=("embeddings",),
+              env=lambda workload: {"BENCH_EMBEDDINGS_ENGINE": "onnx", "BENCH_SERVE_REPLICAS": "1"}),
     # Embedding models only; its own venv (.bench-venvs/infinity); the torch engine (bench/peers/infinity_peer.py).
     Contender("infinity", "Infinity (torch engine)", _infinity_argv, ready_path="/health", info_path="/models",
               unavailable=_infinity_missing, workloads=("embeddings",),
