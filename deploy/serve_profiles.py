@@ -376,7 +376,7 @@ CPU_PLACED_PROFILE: dict[str, Any] = {
                 "Embedder": merge(CPU_PROFILE["deployments"]["Embedder"]["user_config"], {"max_batch_size": Why(
                     128, "Calls of up to 128 texts (passes of <= 192 tokens each): 1.06-1.11 x the texts/s of 64 at "
                          "32 clients x 16 texts; same at 16 x 16, and a lone request behind them waits as long "
-                         "(docs/benchmarks/serve-ceiling-run). At 1 text a request up to 64 clients: unchanged.")}),
+                         "(docs/benchmarks/embedder-128-run). At 1 text a request up to 64 clients: unchanged.")}),
                 "Model.iris": IRIS_DEPLOYMENT["user_config"],
             },
             "ray_actor_options": {

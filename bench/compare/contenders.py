@@ -11,7 +11,8 @@ from typing import Callable
 
 import yaml
 
-from bench.peers.models import BENTOML_VENV, ROOT, project_args
+from bench.peers.models import BENTOML_VENV, ENGINE_ENV, ROOT, project_args
+from bench.peers.ray_serve_peer import REPLICAS_ENV
 from tests.support import deep_update
 
 MAIN_PYTHON = Path(sys.executable)
@@ -122,6 +123,13 @@ _serve_app_placed_one_pass_argv = _serve_app_start("serve_config.placed.yaml", {
     "Embedder": {"max_batch_tokens": None}}}})
 
 
+def _ray_serve(name: str, replicas: int, layout: str) -> Contender:
+    """Ray Serve alone with `replicas` replicas, each with the model on cores / replicas threads (ONNX Runtime)."""
+    return Contender(name, f"Ray Serve alone, {layout} (ONNX Runtime)", _peer("bench.peers.ray_serve_peer"),
+                     ready_path="/", workloads=("embeddings",),
+                     env=lambda workload: {ENGINE_ENV: "onnx", REPLICAS_ENV: str(replicas)})
+
+
 CONTENDERS: tuple[Contender, ...] = (
     Contender("naive", "Naive FastAPI", _peer("bench.peers.naive")),
     Contender("service_streamer", "service_streamer", _peer("bench.peers.streamer"),
@@ -141,12 +149,8 @@ CONTENDERS: tuple[Contender, ...] = (
               env=lambda workload: {"BENCH_EMBEDDINGS_ENGINE": "onnx"}),
     # Ray Serve alone: one @serve.batch deployment, nothing of serve-app on the request path, Ray started as
     # `make run` starts it, the model on ONNX Runtime (bench/peers/ray_serve_peer.py): what Serve itself costs.
-    Contender("ray_serve", "Ray Serve alone, 2 replicas x 1 thread (ONNX Runtime)", _peer("bench.peers.ray_serve_peer"),
-              ready_path="/", workloads=("embeddings",),
-              env=lambda workload: {"BENCH_EMBEDDINGS_ENGINE": "onnx", "BENCH_SERVE_REPLICAS": "2"}),
-    Contender("ray_serve_one", "Ray Serve alone, 1 replica x 2 threads (ONNX Runtime)",
-              _peer("bench.peers.ray_serve_peer"), ready_path="/", workloads=("embeddings",),
-              env=lambda workload: {"BENCH_EMBEDDINGS_ENGINE": "onnx", "BENCH_SERVE_REPLICAS": "1"}),
+    _ray_serve("ray_serve", 2, "2 replicas x 1 thread"),
+    _ray_serve("ray_serve_one", 1, "1 replica x 2 threads"),
     # Embedding models only; its own venv (.bench-venvs/infinity); the torch engine (bench/peers/infinity_peer.py).
     Contender("infinity", "Infinity (torch engine)", _infinity_argv, ready_path="/health", info_path="/models",
               unavailable=_infinity_missing, workloads=("embeddings",),
